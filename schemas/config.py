@@ -1,0 +1,229 @@
+"""Run configuration: one pydantic model per concern, gathered in `RunConfig`.
+
+Presets (smoke, mini, qwen35_397b_grpo) live in `schemas/presets.py`; every
+field can be overridden from the command line (`key.sub=value`) or from a
+flow parameter. Validation happens before anything starts, so a typo or an
+impossible value fails in the first second of a run, not after set-up.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a misspelt override must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StorageConfig(_Strict):
+    # file:// (default, project-local) or s3://bucket/prefix.
+    root: str = "file://.rlvr/store"
+    # S3-compatible endpoint (moto, MinIO, a cloud region); None = AWS default.
+    endpoint_url: str | None = None
+
+
+class DatasetConfig(_Strict):
+    source: Literal["mini", "r2e"] = "mini"
+    # For source="r2e": a Parquet or JSON Lines file of R2E-Gym rows (local path or s3://).
+    path: str | None = None
+    seed: int = 0
+    num_train: int = Field(700, ge=1)
+    num_validation: int = Field(251, ge=1)
+    # Mini benchmark only: scales how much code surrounds each bug (see tasks/dataset/mini.py).
+    difficulty: float = Field(0.5, ge=0.0, le=1.0)
+    # Order of training problems: a seeded fixed order (the reference) or reshuffled every epoch.
+    order: Literal["fixed", "shuffled"] = "fixed"
+
+
+class ModelConfig(_Strict):
+    # A Hugging Face checkpoint directory or object-store URI. None = build the tiny model.
+    path: str | None = None
+    # Tiny model architecture when path is None.
+    arch: Literal["qwen3_moe", "qwen3_5_moe", "qwen3"] = "qwen3_moe"
+    hidden_size: int = Field(256, ge=16)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(768, ge=16)
+    num_experts: int = Field(8, ge=1)
+    num_experts_per_tok: int = Field(2, ge=1)
+    vocab_size: int = Field(4096, ge=300)
+    max_position_embeddings: int = Field(8192, ge=128)
+    seed: int = 0
+
+
+class SandboxConfig(_Strict):
+    backend: Literal["bwrap", "docker"] = "bwrap"
+    image: str = "rlvr-sandbox:bookworm"
+    memory_mb: int = Field(1024, ge=64)
+    pids_limit: int = Field(256, ge=16)
+    cpus: float = Field(1.0, gt=0)
+    command_timeout_s: float = Field(30.0, gt=0)
+    test_timeout_s: float = Field(300.0, gt=0)
+    output_cap_bytes: int = Field(64 * 1024, ge=1024)
+    # Gradings in flight at once; more than the engine can take only adds queueing.
+    concurrency: int = Field(2, ge=1)
+    # Bounded retries for infrastructure failures (never for a test failure).
+    infra_retries: int = Field(2, ge=0)
+
+
+class InferenceConfig(_Strict):
+    # managed: we start vLLM ourselves; external: base_urls point at running servers.
+    mode: Literal["managed", "external"] = "managed"
+    device: Literal["cpu", "gpu"] = "cpu"
+    base_urls: list[str] = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = Field(8011, ge=1024, le=65535)
+    startup_timeout_s: float = Field(300.0, gt=0)
+    max_model_len: int = Field(65536, ge=128)
+    max_num_seqs: int = Field(64, ge=1)
+    # GPU only.
+    tensor_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    enable_expert_parallel: bool = False
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # CPU only: memory for the KV cache.
+    cpu_kvcache_gib: int = Field(2, ge=1)
+
+
+class SamplingConfig(_Strict):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens_per_turn: int = Field(512, ge=1)
+
+
+class AgentConfig(_Strict):
+    max_turns: int = Field(30, ge=1)
+    max_context_tokens: int = Field(65536, ge=128)
+    command_timeout_s: float = Field(30.0, gt=0)
+    observation_cap_chars: int = Field(8000, ge=100)
+    # Whole-episode wall clock; past it the rollout ends as finish_reason="timeout".
+    episode_timeout_s: float = Field(600.0, gt=0)
+    # Episodes in flight at once (each holds one sandbox).
+    concurrency: int = Field(16, ge=1)
+    # "full" = R2E-Gym's tool descriptions; "short" keeps prompts small for tiny models.
+    tool_descriptions: Literal["full", "short"] = "full"
+    training: SamplingConfig = Field(default_factory=SamplingConfig)
+    validation: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(temperature=0.1, top_p=0.95)
+    )
+
+
+class GRPOConfig(_Strict):
+    prompts_per_step: int = Field(16, ge=1)
+    generations_per_prompt: int = Field(16, ge=2)
+    # Advantages (NeMo-RL GRPOAdvantageEstimator options).
+    leave_one_out_baseline: bool = True
+    normalize_rewards: bool = True
+    # DAPO-style dynamic sampling: drop zero-variance groups from the update.
+    filter_zero_variance_groups: bool = False
+    # Loss (NeMo-RL ClippedPGLossFn options).
+    ratio_clip_min: float = Field(0.2, ge=0)
+    ratio_clip_max: float = Field(0.28, ge=0)
+    ratio_clip_c: float | None = None
+    reference_policy_kl_penalty: float = Field(0.0, ge=0)
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"
+    kl_input_clamp_value: float | None = 20.0
+    kl_output_clamp_value: float | None = 10.0
+    use_importance_sampling_correction: bool = True
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = "seq-mask-tis"
+    truncated_importance_sampling_ratio_min: float | None = 0.999
+    truncated_importance_sampling_ratio: float | None = 1.002
+    token_level_loss: bool = True
+    force_on_policy_ratio: bool = False
+    # Overlap: rollouts for step k+1 may be generated while step k trains.
+    async_rollouts: bool = True
+    max_trajectory_age: int = Field(1, ge=0)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.prompts_per_step * self.generations_per_prompt
+
+    @model_validator(mode="after")
+    def _check_is_bounds(self):
+        lo, hi = self.truncated_importance_sampling_ratio_min, self.truncated_importance_sampling_ratio
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"truncated_importance_sampling_ratio_min ({lo}) > ratio ({hi})")
+        return self
+
+
+class OptimizerConfig(_Strict):
+    name: Literal["adamw"] = "adamw"
+    # None = the MLPerf formulas from the global batch size (see RunConfig.effective_lr).
+    lr: float | None = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+    micro_batch_tokens: int = Field(16384, ge=64)
+    freeze_router: bool = True
+    # Training processes (torchrun --nproc_per_node); gloo on CPU, NCCL on GPU.
+    num_ranks: int = Field(1, ge=1)
+
+
+class SFTConfig(_Strict):
+    lr: float = Field(1e-3, gt=0)
+    minutes: float = Field(4.0, gt=0)
+    max_steps: int | None = None
+    batch_size: int = Field(32, ge=1)
+    demonstrations_per_task: int = Field(2, ge=1)
+
+
+class EvalConfig(_Strict):
+    k: int = Field(4, ge=1)
+    # Samples per validation task; pass@k is estimated without bias when > k.
+    samples_per_task: int = Field(4, ge=1)
+    start_step: int = Field(1, ge=0)
+    every_steps: int = Field(1, ge=1)
+    target: float = Field(0.69, gt=0, le=1)
+    # None = every validation task.
+    max_tasks: int | None = None
+
+    @model_validator(mode="after")
+    def _samples_cover_k(self):
+        if self.samples_per_task < self.k:
+            raise ValueError(f"samples_per_task ({self.samples_per_task}) must be >= k ({self.k})")
+        return self
+
+
+class RunConfig(_Strict):
+    preset: str = "custom"
+    run_id: str | None = None
+    seed: int = 0
+    max_steps: int = Field(100, ge=1)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    # The MLPerf reference scales lr and grad clip with the global batch size (GBS).
+    @property
+    def effective_lr(self) -> float:
+        if self.optimizer.lr is not None:
+            return self.optimizer.lr
+        return 1e-6 * math.sqrt(self.grpo.global_batch_size / 256)
+
+    @property
+    def effective_grad_clip(self) -> float:
+        if self.optimizer.grad_clip is not None:
+            return self.optimizer.grad_clip
+        return 0.125 * math.sqrt(256 / self.grpo.global_batch_size)
+
+    @model_validator(mode="after")
+    def _context_fits_server(self):
+        if self.agent.max_context_tokens > self.inference.max_model_len and self.inference.mode == "managed":
+            raise ValueError(
+                f"agent.max_context_tokens ({self.agent.max_context_tokens}) exceeds "
+                f"inference.max_model_len ({self.inference.max_model_len})"
+            )
+        return self
