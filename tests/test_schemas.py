@@ -1,0 +1,97 @@
+"""Every table contract accepts valid rows and rejects each kind of violation with a precise message."""
+
+import copy
+
+import pyarrow as pa
+import pytest
+
+from schemas.tables import (ADVANTAGES, EVAL_SAMPLES, EVAL_SUMMARY, REWARDS, TASKS, TRAJECTORIES,
+                            TableValidationError)
+from tests import rows as R
+
+VALID = {
+    "tasks": (TASKS, [R.task_row(i) for i in range(3)]),
+    "trajectories": (TRAJECTORIES, [R.trajectory_row(i) for i in range(3)]),
+    "rewards": (REWARDS, [R.reward_row(0), R.reward_row(1, 0.0), R.reward_row(2, None, "infra_error")]),
+    "advantages": (ADVANTAGES, [dict(R.advantage_row(i), rollout_id=f"r{i}") for i in range(3)]),
+    "eval_samples": (EVAL_SAMPLES, [R.eval_sample_row(i) for i in range(3)]),
+    "eval_summary": (EVAL_SUMMARY, [R.eval_summary_row(s) for s in (1, 2, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_valid_table_passes(name):
+    schema, rows = VALID[name]
+    table = schema.from_rows(rows)
+    assert schema.validate(table) is table
+
+
+# (table, row index to break, mutation, expected column, expected rule)
+VIOLATIONS = [
+    ("tasks", 1, {"split": "test"}, "split", "split_known"),
+    ("tasks", 2, {"expected_output_json": "{not json"}, "expected_output_json", "expected_output_is_json_object"),
+    ("tasks", 1, {"instance_id": "task-0"}, "instance_id", "unique"),
+    ("tasks", 1, {"problem_statement": ""}, "problem_statement", "problem_statement_nonempty"),
+    ("tasks", 2, {"repo_name": None}, "repo_name", "not_null"),
+    ("trajectories", 1, {"loss_mask": [1, 1]}, "loss_mask", "token_columns_aligned"),
+    ("trajectories", 2, {"finish_reason": "crashed"}, "finish_reason", "finish_reason_known"),
+    ("trajectories", 1, {"num_generated_tokens": 999}, "num_generated_tokens", "generated_count_matches_mask"),
+    ("trajectories", 1, {"rollout_id": "run-test/s1/task-0/0"}, "rollout_id", "unique"),
+    ("rewards", 1, {"reward": 0.5}, "reward", "reward_binary"),
+    ("rewards", 2, {"grading_status": "graded"}, "reward", "reward_iff_graded"),
+    ("rewards", 0, {"test_statuses": "[]"}, "test_statuses", "test_statuses_json"),
+    ("advantages", 1, {"advantage": float("inf")}, "advantage", "advantage_finite"),
+    ("advantages", 2, {"masked": True}, "mask_reason", "masked_has_reason"),
+    ("eval_samples", 1, {"reward": None}, "reward", "reward_unless_masked"),
+    ("eval_summary", 1, {"pass_at_k": 1.5}, "pass_at_k", "pass_at_k_in_unit"),
+]
+
+
+@pytest.mark.parametrize("name,index,change,column,rule", VIOLATIONS, ids=[f"{v[0]}-{v[4]}" for v in VIOLATIONS])
+def test_violation_names_column_row_and_rule(name, index, change, column, rule):
+    schema, rows = VALID[name]
+    rows = copy.deepcopy(rows)
+    rows[index].update(change)
+    with pytest.raises(TableValidationError) as e:
+        schema.validate(schema.from_rows(rows), stage=f"{name}-stage")
+    err = e.value
+    assert (err.column, err.rule) == (column, rule), str(err)
+    row_id = rows[index][schema.id_column]
+    assert err.row_id == f"{schema.id_column}={row_id!r}"
+    assert f"{name}-stage" in str(err) and column in str(err) and rule in str(err) and repr(row_id) in str(err)
+
+
+def test_logprob_nan_is_rejected():
+    rows = [R.trajectory_row(i) for i in range(2)]
+    rows[1]["generation_logprobs"][-1] = float("nan")
+    with pytest.raises(TableValidationError, match="logprobs_finite"):
+        TRAJECTORIES.validate(TRAJECTORIES.from_rows(rows))
+
+
+def test_wrong_list_type_is_a_dtype_error():
+    t = TRAJECTORIES.from_rows([R.trajectory_row(0)])
+    t = t.set_column(t.schema.get_field_index("token_ids"), "token_ids", t["token_ids"].cast(pa.list_(pa.int64())))
+    with pytest.raises(TableValidationError) as e:
+        TRAJECTORIES.validate(t)
+    assert e.value.column == "token_ids" and e.value.rule == "dtype" and "int32" in str(e.value)
+
+
+def test_missing_and_unexpected_columns():
+    t = REWARDS.from_rows([R.reward_row(0)])
+    with pytest.raises(TableValidationError, match="column 'attempts'.*column_present"):
+        REWARDS.validate(t.drop_columns(["attempts"]))
+    with pytest.raises(TableValidationError, match="known_columns"):
+        REWARDS.validate(t.append_column("surprise", pa.array([1])))
+
+
+def test_tasks_keep_extra_r2e_columns():
+    t = TASKS.from_rows([R.task_row(0)]).append_column("num_non_test_files", pa.array([3]))
+    assert TASKS.validate(t).num_rows == 1
+
+
+def test_from_rows_names_the_bad_cell():
+    rows = [R.trajectory_row(0), R.trajectory_row(1)]
+    rows[1]["step"] = "three"
+    with pytest.raises(TableValidationError) as e:
+        TRAJECTORIES.from_rows(rows)
+    assert e.value.column == "step" and rows[1]["rollout_id"] in str(e.value)
