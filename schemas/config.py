@@ -51,6 +51,9 @@ class ModelConfig(_Strict):
     intermediate_size: int = Field(768, ge=16)
     num_experts: int = Field(8, ge=1)
     num_experts_per_tok: int = Field(2, ge=1)
+    # Width of one expert; None = intermediate_size // num_experts_per_tok (same active width as dense).
+    moe_intermediate_size: int | None = Field(None, ge=16)
+    tie_word_embeddings: bool = True
     vocab_size: int = Field(4096, ge=300)
     max_position_embeddings: int = Field(8192, ge=128)
     seed: int = 0
@@ -65,6 +68,11 @@ class SandboxConfig(_Strict):
     command_timeout_s: float = Field(30.0, gt=0)
     test_timeout_s: float = Field(300.0, gt=0)
     output_cap_bytes: int = Field(64 * 1024, ge=1024)
+    # Cap for the hidden-test run at grading (head + tail kept): pytest's summary comes last
+    # and lists every test, so it needs far more room than an agent's observation.
+    test_output_cap_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024)
+    # docker only: keep reset containers warm between sandboxes of the same local environment.
+    docker_reuse: bool = False
     # Gradings in flight at once; more than the engine can take only adds queueing.
     concurrency: int = Field(2, ge=1)
     # Bounded retries for infrastructure failures (never for a test failure).
@@ -105,8 +113,8 @@ class AgentConfig(_Strict):
     episode_timeout_s: float = Field(600.0, gt=0)
     # Episodes in flight at once (each holds one sandbox).
     concurrency: int = Field(16, ge=1)
-    # "full" = R2E-Gym's tool descriptions; "short" keeps prompts small for tiny models.
-    tool_descriptions: Literal["full", "short"] = "full"
+    # "full" = R2E-Gym-style prompts and tool descriptions; "short" keeps prompts small for tiny models.
+    prompt_style: Literal["full", "short"] = "full"
     training: SamplingConfig = Field(default_factory=SamplingConfig)
     validation: SamplingConfig = Field(
         default_factory=lambda: SamplingConfig(temperature=0.1, top_p=0.95)

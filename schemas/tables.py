@@ -475,6 +475,7 @@ EVAL_SUMMARY = TableSchema(
 SCHEMAS: dict[str, TableSchema] = {
     "tasks": TASKS,
     "trajectories": TRAJECTORIES,
+    "trajectories_partial": TRAJECTORIES,
     "demonstrations": TRAJECTORIES,
     "rewards": REWARDS,
     "advantages": ADVANTAGES,

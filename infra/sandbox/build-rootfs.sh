@@ -24,7 +24,9 @@ rm -rf "$DEST"/usr/share/doc/* "$DEST"/usr/share/man/* "$DEST"/usr/share/info/* 
        "$DEST"/usr/share/locale/* "$DEST"/usr/share/lintian "$DEST"/usr/share/common-licenses \
        "$DEST"/var/cache/apt/* "$DEST"/var/lib/apt/lists/* "$DEST"/var/cache/debconf/*-old \
        "$DEST"/var/log/* "$DEST"/tmp/* "$DEST"/root/.[!.]* 2>/dev/null || true
-find "$DEST"/usr/lib/python3* -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null || true
+# Keep (and complete) the bytecode caches: the root filesystem is read-only inside the
+# sandbox, so without them every pytest run recompiles pytest (~0.7 s each).
+chroot "$DEST" python3 -m compileall -q /usr/lib/python3/dist-packages /usr/lib/python3.11 >/dev/null 2>&1 || true
 
 # The unprivileged sandbox user (uid/gid 1000). Its HOME is /tmp: the only
 # writable place besides /testbed, and per-sandbox.

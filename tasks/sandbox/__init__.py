@@ -1,0 +1,116 @@
+"""Sandboxes: where an agent's commands and the hidden tests run.
+
+One protocol, two backends chosen by `SandboxConfig.backend`:
+- `bwrap` (default; no daemon): bubblewrap over a read-only root filesystem, writable
+  /testbed and /tmp only, uid 1000, no capabilities, no network, cgroup memory/pids/CPU
+  limits, wall-clock kill. One short-lived process per command.
+- `docker`: one container per sandbox (`network_mode=none`, same limits), each command an
+  exec in it; `docker_reuse=True` keeps reset containers warm between sandboxes.
+
+    with open_sandbox(task_row, cfg, store, mode="agent") as sb:
+        r = sb.run("python -c 'print(1)'", timeout=10)   # CommandResult(exit_code, output, timed_out, seconds, ...)
+        sb.write_file("/testbed/pkg/mod.py", "...")
+        text = sb.read_file("/testbed/pkg/mod.py")
+        sb.copy_tree_in(host_dir, "/testbed/data")
+        patch = sb.diff()                                   # the rollout's final patch
+
+Modes: "agent" = /testbed only; the hidden tests and run_tests.sh are nowhere in the
+sandbox. "grading" = also /root/r2e_tests and /root/run_tests.sh (read-only for uid 1000),
+where R2E-Gym keeps them; tasks/grading links /testbed/r2e_tests to them after the patch.
+
+Commands run in /testbed with `PYTEST_DISABLE_PLUGIN_AUTOLOAD=1` (local environments;
+real R2E-Gym images keep autoload, they may need their plugins). Output is stdout and
+stderr interleaved, capped at `output_cap_bytes` keeping head and tail. `timed_out` means
+our deadline killed the command (exit_code is then None). Errors that are not the agent's
+doing raise `SandboxInfraError` (retry it; never score it). Closing kills every process and
+removes the container / cgroups / temp dirs, also on Ctrl-C and exceptions (context
+manager + atexit); `reap_stale()` removes what a SIGKILLed process left.
+
+Environment archive (`environment_uri` in the tasks table; an object-store URI of a
+.tar.gz, built by `build_environment_archive`, produced in this format by tasks/dataset):
+
+    testbed/                 the repo, a git repository whose single commit is the buggy state
+    testbed/.git/info/exclude   lists .venv, __pycache__/, *.pyc, .pytest_cache/ (clean `git status`)
+    testbed/.venv/bin/python symlink to /usr/bin/python3 (the image's python; not committed), so
+                             R2E-Gym's run_tests.sh works as is
+    r2e_tests/               the hidden tests (test_*.py, conftest.py, data files ...)
+    run_tests.sh             run in /testbed; by default
+                             "#!/bin/bash\\n.venv/bin/python -W ignore -m pytest -rA r2e_tests\\n"
+
+Members are regular files, directories and symlinks only, with relative paths. The repo
+must not contain r2e_tests/ or run_tests.sh itself (grading removes them from /testbed).
+Rows without environment_uri are real R2E-Gym rows: `docker_image` (namanjain12/...) holds
+/testbed, /testbed/run_tests.sh and /r2e_tests; only the docker backend runs those.
+
+The base image and rootfs: tasks/sandbox/image.py (`python -m tasks.sandbox.image build`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from tasks.sandbox.base import (DIFF_EXCLUDES, BaseSandbox, CommandResult, SandboxError, SandboxInfraError,
+                                close_all, pid_alive)
+from tasks.sandbox.environment import EnvironmentError_ as EnvironmentSpecError
+from tasks.sandbox.environment import Environment, RUN_TESTS_SH, resolve as resolve_environment
+from tasks.sandbox.environment import build_archive as build_environment_archive
+
+Sandbox = BaseSandbox
+MODES = ("agent", "grading")
+
+__all__ = ["open_sandbox", "Sandbox", "CommandResult", "SandboxError", "SandboxInfraError",
+           "EnvironmentSpecError", "Environment", "resolve_environment", "build_environment_archive",
+           "RUN_TESTS_SH", "DIFF_EXCLUDES", "close_all", "close_pools", "reap_stale", "leftovers"]
+
+
+def open_sandbox(task_row: dict, cfg, store=None, mode: str = "agent", env: Environment | None = None) -> BaseSandbox:
+    """Start a sandbox for a task row (tasks-table dict). `store` resolves `environment_uri`."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    env = env or resolve_environment(task_row, store, base_image=cfg.image)
+    if cfg.backend == "bwrap":
+        from tasks.sandbox.bwrap import BwrapSandbox
+
+        return BwrapSandbox(env, cfg, mode)
+    if cfg.backend == "docker":
+        from tasks.sandbox.dockerbox import DockerSandbox
+
+        return DockerSandbox(env, cfg, mode)
+    raise ValueError(f"unknown sandbox backend {cfg.backend!r}")
+
+
+def close_pools() -> None:
+    from tasks.sandbox import dockerbox
+
+    dockerbox.close_pools()
+
+
+def reap_stale(docker: bool = True) -> list[str]:
+    """Remove containers, cgroups and temp dirs left by sandbox-owning processes that died."""
+    from tasks.sandbox import bwrap
+
+    removed = bwrap.reap_stale(pid_alive)
+    if docker:
+        from tasks.sandbox import dockerbox
+
+        try:
+            removed += dockerbox.reap_stale(pid_alive)
+        except SandboxInfraError:
+            pass
+    return removed
+
+
+def leftovers(pid: int | None = None, docker: bool = True) -> list[str]:
+    """What a process (default: this one) still holds: tests assert it is empty after close."""
+    from tasks.sandbox import bwrap
+
+    pid = pid or os.getpid()
+    out = bwrap.leftovers(pid)
+    if docker:
+        from tasks.sandbox import dockerbox
+
+        try:
+            out += dockerbox.leftovers(pid)
+        except SandboxInfraError:
+            pass
+    return out

@@ -1,0 +1,122 @@
+"""Named configurations and command-line overrides.
+
+    smoke             every stage real, a few tasks, minutes; what the tests run
+    mini              the embedded default: mini benchmark, tiny model, vLLM CPU, local sandboxes
+    qwen35_397b_grpo  the MLPerf reference hyperparameters for GPU clusters
+
+`load_config("mini", ["grpo.prompts_per_step=8", "seed=3"])` applies overrides
+(`section.field=value`, values parsed as JSON when they parse, else as strings)
+and validates the result before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.config import RunConfig
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "max_steps": 2,
+        "dataset": {"num_train": 16, "num_validation": 8},
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128,
+                  "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 1024, "max_position_embeddings": 4096},
+        "inference": {"max_model_len": 4096, "max_num_seqs": 16},
+        "agent": {"max_turns": 4, "max_context_tokens": 4096, "prompt_style": "short", "concurrency": 8,
+                  "command_timeout_s": 20, "episode_timeout_s": 120,
+                  "training": {"max_tokens_per_turn": 96}, "validation": {"temperature": 0.1, "top_p": 0.95,
+                                                                          "max_tokens_per_turn": 96}},
+        "sandbox": {"test_timeout_s": 60, "concurrency": 2},
+        "grpo": {"prompts_per_step": 2, "generations_per_prompt": 4},
+        "optimizer": {"lr": 5e-5, "grad_clip": 1.0, "micro_batch_tokens": 8192},
+        "sft": {"minutes": 0.25, "max_steps": 20, "batch_size": 8, "demonstrations_per_task": 1},
+        "eval": {"k": 4, "samples_per_task": 4, "start_step": 1, "every_steps": 1},
+    },
+    "mini": {
+        "max_steps": 200,
+        "dataset": {"num_train": 700, "num_validation": 251},
+        "model": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 768,
+                  "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 4096, "max_position_embeddings": 4096},
+        "inference": {"max_model_len": 4096, "max_num_seqs": 64},
+        "agent": {"max_turns": 8, "max_context_tokens": 4096, "prompt_style": "short", "concurrency": 32,
+                  "command_timeout_s": 20, "episode_timeout_s": 300,
+                  "training": {"max_tokens_per_turn": 256}, "validation": {"temperature": 0.1, "top_p": 0.95,
+                                                                           "max_tokens_per_turn": 256}},
+        "sandbox": {"test_timeout_s": 60, "concurrency": 2},
+        "grpo": {"prompts_per_step": 16, "generations_per_prompt": 8},
+        "optimizer": {"lr": 5e-5, "grad_clip": 1.0, "micro_batch_tokens": 16384},
+        "sft": {"minutes": 6.0, "batch_size": 32, "demonstrations_per_task": 2},
+        "eval": {"k": 4, "samples_per_task": 4, "start_step": 0, "every_steps": 5},
+    },
+    "qwen35_397b_grpo": {
+        "max_steps": 200,
+        "dataset": {"source": "r2e", "num_train": 700, "num_validation": 251, "order": "fixed"},
+        "model": {"path": "/checkpoints/Qwen3.5-397B-A17B", "max_position_embeddings": 65536},
+        "sandbox": {"backend": "docker", "image": "", "concurrency": 64},
+        "inference": {"device": "gpu", "max_model_len": 65536, "tensor_parallel_size": 8, "data_parallel_size": 1,
+                      "enable_expert_parallel": True, "max_num_seqs": 256},
+        "agent": {"max_turns": 30, "max_context_tokens": 65536, "prompt_style": "full", "concurrency": 256,
+                  "training": {"temperature": 1.0, "top_p": 1.0, "max_tokens_per_turn": 8192},
+                  "validation": {"temperature": 0.1, "top_p": 0.95, "max_tokens_per_turn": 8192}},
+        "grpo": {"prompts_per_step": 16, "generations_per_prompt": 16, "leave_one_out_baseline": True,
+                 "normalize_rewards": True, "ratio_clip_min": 0.2, "ratio_clip_max": 0.28,
+                 "reference_policy_kl_penalty": 0.0, "use_importance_sampling_correction": True,
+                 "truncated_importance_sampling_type": "seq-mask-tis",
+                 "truncated_importance_sampling_ratio_min": 0.999, "truncated_importance_sampling_ratio": 1.002,
+                 "token_level_loss": True, "async_rollouts": True, "max_trajectory_age": 1},
+        # lr and grad clip None: the MLPerf formulas from the global batch size.
+        "optimizer": {"lr": None, "grad_clip": None, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
+                      "num_ranks": 8, "freeze_router": True},
+        # Closed division: first evaluation at GBS * ceil(2.5 + 3840 / GBS) samples, then every step.
+        "eval": {"k": 4, "samples_per_task": 4, "start_step": 18, "every_steps": 1, "target": 0.69},
+    },
+}
+
+
+class ConfigError(ValueError):
+    """An invalid preset or override; raised before anything starts."""
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def parse_overrides(overrides: list[str] | dict | None) -> dict:
+    if not overrides:
+        return {}
+    if isinstance(overrides, dict):
+        return overrides
+    out: dict = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(preset: str = "mini", overrides: list[str] | dict | None = None) -> RunConfig:
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    data = _deep_merge(PRESETS[preset], parse_overrides(overrides))
+    data["preset"] = preset
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"invalid configuration for preset {preset!r}: {problems}") from None
+    return cfg

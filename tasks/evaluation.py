@@ -1,0 +1,118 @@
+"""pass@k on the validation split.
+
+With n graded samples of a task of which c succeed, the unbiased estimate of
+the chance that at least one of k samples succeeds is
+
+    pass@k = 1 - C(n - c, k) / C(n, k)
+
+(Chen et al., 2021). With n == k it is the plain "any of the k succeeded" that
+the MLPerf reference computes. pass^k = C(c, k) / C(n, k) is the chance that
+all k succeed: a consistency diagnostic. Samples masked for infrastructure
+failures are left out of n; a task with fewer than k valid samples is scored
+on the samples it has (k' = n) and counted in `short_tasks`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from math import comb
+
+import pyarrow as pa
+
+from schemas.tables import EVAL_SAMPLES, EVAL_SUMMARY
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    if n <= 0:
+        return 0.0
+    k = min(k, n)
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    if n <= 0:
+        return 0.0
+    k = min(k, n)
+    return comb(c, k) / comb(n, k)
+
+
+@dataclass
+class PassSummary:
+    pass_at_k: float
+    pass_at_1: float
+    pass_hat_k: float
+    num_tasks: int
+    num_samples: int
+    num_masked: int
+    short_tasks: int
+    # Per task: the share of its valid samples that succeeded (for spread diagnostics).
+    task_success: dict[str, float]
+
+
+def summarize(samples: list[dict], k: int, task_ids: list[str] | None = None) -> PassSummary:
+    """samples: dicts with instance_id, reward (0/1 or None), masked (bool). Tasks listed in
+    task_ids but without any valid sample count as failures (so a broken task cannot raise the score)."""
+    n, c, masked = defaultdict(int), defaultdict(int), 0
+    for s in samples:
+        if s["masked"] or s["reward"] is None:
+            masked += 1
+            continue
+        n[s["instance_id"]] += 1
+        c[s["instance_id"]] += int(s["reward"] > 0)
+    ids = sorted(set(task_ids or []) | set(n) | {s["instance_id"] for s in samples})
+    if not ids:
+        raise ValueError("no validation tasks to summarise")
+    pk = [pass_at_k(n[i], c[i], k) for i in ids]
+    p1 = [pass_at_k(n[i], c[i], 1) for i in ids]
+    hk = [pass_hat_k(n[i], c[i], k) for i in ids]
+    return PassSummary(
+        pass_at_k=sum(pk) / len(ids), pass_at_1=sum(p1) / len(ids), pass_hat_k=sum(hk) / len(ids),
+        num_tasks=len(ids), num_samples=sum(n.values()), num_masked=masked,
+        short_tasks=sum(1 for i in ids if n[i] < k),
+        task_success={i: (c[i] / n[i] if n[i] else 0.0) for i in ids},
+    )
+
+
+def eval_samples_table(trajectories: pa.Table, rewards: pa.Table) -> pa.Table:
+    """Join an evaluation's trajectories and rewards into the eval_samples table (one row per sample)."""
+    by_id = {r["rollout_id"]: r for r in rewards.select(["rollout_id", "reward", "grading_status", "error"]).to_pylist()}
+    rows = []
+    cols = ["rollout_id", "run_id", "step", "policy_version", "instance_id", "sample_index", "finish_reason"]
+    for t in trajectories.select(cols).to_pylist():
+        r = by_id.get(t["rollout_id"])
+        if r is None:
+            raise ValueError(f"rollout {t['rollout_id']} has no reward row")
+        infra = t["finish_reason"] == "infra_error" or r["grading_status"] == "infra_error"
+        rows.append(dict(t, reward=None if infra else r["reward"], masked=infra,
+                         mask_reason=("infra_error: " + (r["error"] or "rollout failed")) if infra else None))
+    return EVAL_SAMPLES.from_rows(rows)
+
+
+def eval_summary_row(run_id: str, step: int, policy_version: int, s: PassSummary, k: int, samples_count: int,
+                     seconds: float) -> dict:
+    return dict(run_id=run_id, step=step, policy_version=policy_version, k=k, pass_at_k=s.pass_at_k,
+                pass_at_1=s.pass_at_1, pass_hat_k=s.pass_hat_k, num_tasks=s.num_tasks, num_samples=s.num_samples,
+                num_masked=s.num_masked, samples_count=samples_count, eval_seconds=seconds)
+
+
+def summary_table(rows: list[dict]) -> pa.Table:
+    return EVAL_SUMMARY.from_rows(rows)
+
+
+def spread(s: PassSummary) -> dict:
+    """How much room RL has: the share of tasks solved sometimes but not always, and pass@k - pass@1."""
+    vals = list(s.task_success.values())
+    between = sum(1 for v in vals if 0.0 < v < 1.0) / len(vals)
+    return {"share_tasks_strictly_between_0_and_1": between, "pass_at_k_minus_pass_at_1": s.pass_at_k - s.pass_at_1,
+            "share_tasks_never_solved": sum(1 for v in vals if v == 0.0) / len(vals),
+            "share_tasks_always_solved": sum(1 for v in vals if v == 1.0) / len(vals)}
+
+
+def to_json(s: PassSummary) -> str:
+    d = dict(s.__dict__)
+    d.pop("task_success")
+    return json.dumps(d)

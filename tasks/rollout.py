@@ -1,0 +1,143 @@
+"""Rollout generation: G episodes per task, many in flight at once, written as a trajectories table.
+
+Each episode gets its own sandbox. A sandbox that cannot start is retried a few
+times and then recorded as an `infra_error` trajectory (masked downstream,
+never dropped). An inference server that goes away fails the in-flight episodes,
+which are retried; finished episodes are flushed to a `trajectories_partial`
+table as they complete, so a crash or kill loses at most the episodes in flight
+and a rerun of the same stage picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from schemas.tables import TRAJECTORIES
+from tasks.agent.loop import Episode, ServerMismatchError, run_episode
+
+
+@dataclass
+class RolloutSpec:
+    run_id: str
+    step: int
+    split: str
+    samples_per_task: int
+    temperature: float
+    top_p: float
+
+
+class InferenceDown(RuntimeError):
+    """The inference server stayed unreachable past the retry bound."""
+
+
+def rollout_id(run_id: str, step: int, instance_id: str, sample: int) -> str:
+    return f"{run_id}/s{step:05d}/{instance_id}/{sample}"
+
+
+def episode_row(spec: RolloutSpec, task: dict, sample: int, ep: Episode, policy_version: int) -> dict:
+    return dict(
+        rollout_id=rollout_id(spec.run_id, spec.step, task["instance_id"], sample), run_id=spec.run_id,
+        step=spec.step,
+        # An episode can straddle a weight update; its age is that of its oldest turn.
+        policy_version=min(ep.policy_versions) if ep.policy_versions else policy_version,
+        instance_id=task["instance_id"], group_id=f"s{spec.step:05d}/{task['instance_id']}", sample_index=sample,
+        split=spec.split, messages=json.dumps(ep.messages), token_ids=ep.token_ids, loss_mask=ep.loss_mask,
+        generation_logprobs=ep.logprobs, prompt_length=ep.prompt_length, num_turns=ep.num_turns,
+        num_generated_tokens=sum(ep.loss_mask), tool_errors=ep.tool_errors, finish_reason=ep.finish_reason,
+        error=ep.error, final_patch=ep.final_patch, generation_seconds=ep.generation_seconds,
+        sandbox_seconds=ep.sandbox_seconds, total_seconds=ep.total_seconds,
+    )
+
+
+def infra_error_row(spec: RolloutSpec, task: dict, sample: int, reason: str, policy_version: int) -> dict:
+    ep = Episode(messages=[], token_ids=[], loss_mask=[], logprobs=[], prompt_length=0, finish_reason="infra_error",
+                 error=reason[:2000])
+    return episode_row(spec, task, sample, ep, policy_version)
+
+
+async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, store=None, *,
+                  concurrency: int | None = None, partial_key: str | None = None, flush_every_s: float = 20.0,
+                  on_episode=None) -> pa.Table:
+    """Run `spec.samples_per_task` episodes of every task; return the trajectories table.
+
+    `cfg` is the RunConfig (agent, sandbox, inference sections). With `partial_key` and a store,
+    finished episodes are committed there as they accumulate and skipped when already present.
+    """
+    from tasks.inference import InferenceUnavailable
+    from tasks.sandbox import SandboxInfraError, open_sandbox
+
+    agent, sampling_cap = cfg.agent, cfg.agent.training.max_tokens_per_turn
+    if spec.split == "validation":
+        sampling_cap = cfg.agent.validation.max_tokens_per_turn
+    done: dict[str, dict] = {}
+    if partial_key and store is not None and store.is_committed(partial_key):
+        for row in store.read_table(partial_key, stage="trajectories_partial").to_pylist():
+            done[row["rollout_id"]] = row
+    work = [(t, i) for t in tasks for i in range(spec.samples_per_task)
+            if rollout_id(spec.run_id, spec.step, t["instance_id"], i) not in done]
+    sem = asyncio.Semaphore(concurrency or agent.concurrency)
+    last_flush = [time.monotonic()]
+    flush_lock = asyncio.Lock()
+
+    async def flush(force: bool = False):
+        if not partial_key or store is None or not done:
+            return
+        if not force and time.monotonic() - last_flush[0] < flush_every_s:
+            return
+        async with flush_lock:
+            table = TRAJECTORIES.from_rows(sorted(done.values(), key=lambda r: r["rollout_id"]))
+            await asyncio.to_thread(store.write_table, partial_key, table, "trajectories_partial", True)
+            last_flush[0] = time.monotonic()
+
+    async def one(task: dict, sample: int):
+        async with sem:
+            rid = rollout_id(spec.run_id, spec.step, task["instance_id"], sample)
+            row, server_failures = None, 0
+            for attempt in range(cfg.sandbox.infra_retries + 1):
+                try:
+                    sandbox = await asyncio.to_thread(open_sandbox, task, cfg.sandbox, store, "agent")
+                except SandboxInfraError as e:
+                    row = infra_error_row(spec, task, sample, f"sandbox could not start: {e}", policy.version)
+                    continue
+                try:
+                    ep = await run_episode(
+                        task["problem_statement"], sandbox, policy, tokenizer, max_turns=agent.max_turns,
+                        max_context_tokens=agent.max_context_tokens, max_tokens_per_turn=sampling_cap,
+                        temperature=spec.temperature, top_p=spec.top_p, command_timeout_s=agent.command_timeout_s,
+                        observation_cap_chars=agent.observation_cap_chars,
+                        episode_timeout_s=agent.episode_timeout_s, prompt_style=agent.prompt_style)
+                    row = episode_row(spec, task, sample, ep, policy.version)
+                    break
+                except SandboxInfraError as e:
+                    row = infra_error_row(spec, task, sample, f"sandbox failed mid-episode: {e}", policy.version)
+                except InferenceUnavailable as e:
+                    server_failures += 1
+                    if server_failures > cfg.sandbox.infra_retries:
+                        raise InferenceDown(f"inference server unreachable for rollout {rid} after "
+                                            f"{server_failures} tries: {e}") from e
+                    await asyncio.sleep(min(2.0 * server_failures, 10.0))
+                except ServerMismatchError:
+                    raise
+                finally:
+                    await asyncio.to_thread(sandbox.close)
+            done[rid] = row
+            if on_episode is not None:
+                on_episode(row)
+            await flush()
+
+    try:
+        # A TaskGroup cancels the other episodes when one fails for good (e.g. the server stays down).
+        async with asyncio.TaskGroup() as group:
+            for t, i in work:
+                group.create_task(one(t, i))
+    except* (InferenceDown, ServerMismatchError) as eg:
+        raise eg.exceptions[0] from None
+    finally:
+        await flush(force=True)
+    rows = sorted(done.values(), key=lambda r: (r["instance_id"], r["sample_index"]))
+    return TRAJECTORIES.from_rows(rows)

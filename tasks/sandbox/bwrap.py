@@ -1,0 +1,381 @@
+"""bubblewrap backend: no daemon, one short-lived sandboxed process per command.
+
+A sandbox is a host directory (its /testbed and /tmp) plus one cgroup per
+controller; each `run` starts, as root only for the first microsecond:
+
+    sh (joins the cgroups) -> setpriv (host uid RLVR_BWRAP_HOST_UID, default 61000, no groups)
+       -> timeout -s KILL -> bwrap (new user/pid/net/ipc/uts/cgroup namespaces, uid 1000,
+          no capabilities, read-only rootfs, writable /testbed and /tmp only) -> /bin/sh -c CMD
+
+bwrap runs as an unprivileged host user so that uid 1000 inside maps to a uid that owns
+nothing on the host (started by root, uid 1000 inside would map to host root, and the
+root-owned files of the bound trees would appear as its own). The network namespace is
+empty: no interface but loopback. Background processes end with the command: when it
+exits, the pid namespace's init exits and the kernel kills the rest.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import selectors
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+
+from tasks.sandbox import image as image_mod
+from tasks.sandbox.base import (LOCAL_PATH, BaseSandbox, CommandResult, OutputCap, SandboxError,
+                                SandboxInfraError, check_path, decode, new_id, register)
+from tasks.sandbox.environment import SANDBOX_UID, Environment
+
+HOST_UID = int(os.environ.get("RLVR_BWRAP_HOST_UID", "61000"))
+CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
+CGROUP_PARENT = "rlvr"
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+KILL_GRACE_S = 5.0
+
+
+def work_root() -> pathlib.Path:
+    return pathlib.Path(tempfile.gettempdir()) / "rlvr-sandbox"
+
+
+class Cgroup:
+    """One cgroup per sandbox, v1 (memory, pids, cpu hierarchies) or v2 (unified)."""
+
+    def __init__(self, name: str, memory_mb: int, pids: int, cpus: float):
+        self.v1 = (CGROUP_ROOT / "memory").is_dir() and not (CGROUP_ROOT / "cgroup.controllers").exists()
+        self.dirs: list[pathlib.Path] = []
+        mem = memory_mb * 1024 * 1024
+        period = 100_000
+        try:
+            if self.v1:
+                for c in V1_CONTROLLERS:
+                    d = CGROUP_ROOT / c / CGROUP_PARENT / name
+                    d.mkdir(parents=True)
+                    self.dirs.append(d)
+                m, p, cpu = self.dirs
+                (m / "memory.limit_in_bytes").write_text(str(mem))
+                if (m / "memory.memsw.limit_in_bytes").exists():  # swap accounting on: no swap either
+                    (m / "memory.memsw.limit_in_bytes").write_text(str(mem))
+                (p / "pids.max").write_text(str(pids))
+                (cpu / "cpu.cfs_period_us").write_text(str(period))
+                (cpu / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+            else:
+                parent = CGROUP_ROOT / CGROUP_PARENT
+                parent.mkdir(exist_ok=True)
+                (parent / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+                d = parent / name
+                d.mkdir()
+                self.dirs.append(d)
+                (d / "memory.max").write_text(str(mem))
+                if (d / "memory.swap.max").exists():
+                    (d / "memory.swap.max").write_text("0")
+                (d / "pids.max").write_text(str(pids))
+                (d / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+        except OSError as e:
+            self.remove()
+            raise SandboxInfraError(f"cannot set up cgroup {name}: {e}") from e
+
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def pids(self) -> list[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            try:
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return sorted(out)
+
+    def kill_all(self, wait_s: float = KILL_GRACE_S) -> None:
+        # SIGKILL everything until nothing is left; a fork bomb is bounded by pids.max,
+        # and killing the pid namespace's init takes the whole namespace with it.
+        deadline = time.monotonic() + wait_s
+        while True:
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for d in self.dirs:
+            for _ in range(100):  # rmdir fails (EBUSY) while exiting processes are still counted
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+        self.dirs = [d for d in self.dirs if d.exists()]
+
+
+def _chown_tree(root: pathlib.Path, uid: int) -> None:
+    os.lchown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, n), uid, uid)
+
+
+# Joins the cgroups (needs root), then execs the rest of argv.
+_ATTACH = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+class BwrapSandbox(BaseSandbox):
+    def __init__(self, env: Environment, cfg, mode: str = "agent", rootfs: pathlib.Path | None = None):
+        if env.kind != "archive":
+            raise SandboxError("the bwrap backend runs tasks with an environment_uri archive; "
+                               f"{env.key!r} is a docker image: use sandbox.backend=docker")
+        if shutil.which("bwrap") is None:
+            raise SandboxInfraError("bwrap is not installed (run infra/system-setup.sh)")
+        self.id, self.mode, self.cfg, self.env = new_id(), mode, cfg, env
+        self.rootfs = rootfs or image_mod.rootfs_path()
+        if not (self.rootfs / "usr" / "bin" / "python3").exists():
+            raise SandboxInfraError(f"no sandbox rootfs at {self.rootfs}: run python -m tasks.sandbox.image build")
+        t0 = time.monotonic()
+        self.work = work_root() / self.id
+        self.cgroup = None
+        register(self)
+        try:
+            work_root().mkdir(mode=0o755, exist_ok=True)
+            self.work.mkdir(mode=0o755)
+            shutil.copytree(env.testbed, self.work / "testbed", symlinks=True)
+            (self.work / "tmp").mkdir(mode=0o700)
+            _chown_tree(self.work / "testbed", HOST_UID)
+            os.lchown(self.work / "tmp", HOST_UID, HOST_UID)
+            self.cgroup = Cgroup(self.id, cfg.memory_mb, cfg.pids_limit, cfg.cpus)
+        except SandboxInfraError:
+            self.close()
+            raise
+        except OSError as e:
+            self.close()
+            raise SandboxInfraError(f"cannot prepare bwrap sandbox: {e}") from e
+        except BaseException:
+            self.close()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        self._kill_lock = threading.Lock()
+
+    # -- commands -----------------------------------------------------------------------
+    def _bwrap_args(self, workdir: str, env: dict[str, str]) -> list[str]:
+        a = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
+             "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session",
+             "--cap-drop", "ALL",
+             "--ro-bind", str(self.rootfs), "/", "--proc", "/proc", "--dev", "/dev",
+             "--tmpfs", "/dev/shm", "--tmpfs", "/var/tmp", "--tmpfs", "/run",
+             "--bind", str(self.work / "testbed"), "/testbed", "--bind", str(self.work / "tmp"), "/tmp"]
+        if self.mode == "grading":
+            # Hidden tests and run_tests.sh, read-only, where R2E-Gym keeps them.
+            a += ["--ro-bind", str(self.env.hidden), "/root"]
+        a += ["--chdir", workdir, "--clearenv"]
+        base = {"PATH": LOCAL_PATH, "HOME": "/tmp", "USER": "sandbox", "LANG": "C.UTF-8",
+                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        for k, v in {**base, **(env or {})}.items():
+            a += ["--setenv", k, v]
+        return a
+
+    def _exec(self, argv: list[str], timeout: float, cap: int, stdin: bytes | None = None,
+              workdir: str = "/testbed", env: dict[str, str] | None = None) -> tuple[CommandResult, bytes]:
+        if getattr(self, "_closed", False):
+            raise SandboxError(f"sandbox {self.id} is closed")
+        status_r, status_w = os.pipe()
+        # `timeout` is the backstop; our own deadline (below) fires first and kills the cgroup.
+        full = (["sh", "-c", _ATTACH, "sh", *self.cgroup.procs_files(), "--",
+                 "setpriv", f"--reuid={HOST_UID}", f"--regid={HOST_UID}", "--clear-groups",
+                 "timeout", "-s", "KILL", str(int(timeout) + 2)]
+                + self._bwrap_args(workdir, env) + ["--json-status-fd", str(status_w)] + argv)
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(full, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(status_w,),
+                                    start_new_session=True)
+        except OSError as e:
+            os.close(status_r)
+            raise SandboxInfraError(f"cannot start bwrap: {e}") from e
+        finally:
+            os.close(status_w)
+        writer = None
+        if stdin is not None:
+            writer = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
+            writer.start()
+        out = OutputCap(cap)
+        interrupted = True
+        try:
+            timed_out = self._drain(proc, out, t0 + timeout)
+            interrupted = False
+        finally:
+            if interrupted:  # Ctrl-C or an error here: do not wait for the command
+                self.cgroup.kill_all(1.0)
+                proc.kill()
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:  # something kept it alive past EOF
+                self.cgroup.kill_all(1.0)
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+            if writer is not None:
+                writer.join(1.0)
+            status = _read_status(status_r)
+        seconds = time.monotonic() - t0
+        if "child-pid" not in status and not timed_out:
+            # bwrap never started the command: its own error message is the output.
+            raise SandboxInfraError(f"bwrap failed to start (exit {proc.returncode}): {decode(out.value())[-2000:]}")
+        # The command's own exit status (timeout and bwrap pass it through); not the status fd,
+        # which the command could write to.
+        code = None if timed_out else proc.returncode
+        data = out.value()
+        return CommandResult(exit_code=code, output=decode(data), timed_out=timed_out, seconds=seconds,
+                             truncated=out.truncated, output_bytes=out.total), data
+
+    def _drain(self, proc: subprocess.Popen, out: OutputCap, deadline: float) -> bool:
+        fd = proc.stdout.fileno()
+        timed_out = False
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while True:
+                now = time.monotonic()
+                if not timed_out and now >= deadline:
+                    timed_out = True
+                    self.cgroup.kill_all()
+                    deadline = now + KILL_GRACE_S  # drain what is left, then give up
+                elif timed_out and now >= deadline:
+                    return True
+                if sel.select(timeout=min(1.0, max(0.0, deadline - now))):
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        return timed_out
+                    out.feed(chunk)
+
+    def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
+            output_cap: int | None = None, env: dict[str, str] | None = None) -> CommandResult:
+        r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
+                          output_cap or self.cfg.output_cap_bytes, workdir=check_path(workdir), env=env)
+        return r
+
+    # -- files --------------------------------------------------------------------------
+    def read_file(self, path: str) -> str:
+        # Read inside the sandbox: a host-side open() would follow the agent's symlinks as root.
+        r, data = self._exec(["cat", "--", check_path(path)], 60, 256 * 1024 * 1024)
+        if r.exit_code != 0:
+            raise FileNotFoundError(f"{path}: {r.output.strip()}")
+        return decode(data)
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", check_path(path)],
+                          60, 64 * 1024, stdin=data)
+        if r.exit_code != 0:
+            raise SandboxError(f"cannot write {path}: {r.output.strip()}")
+
+    def copy_tree_in(self, src: str | os.PathLike, dest: str) -> None:
+        data = _tar_dir(pathlib.Path(src))
+        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x --no-same-owner -f - -C "$1"', "sh",
+                           check_path(dest)], 120, 64 * 1024, stdin=data)
+        if r.exit_code != 0:
+            raise SandboxError(f"cannot copy {src} to {dest}: {r.output.strip()}")
+
+    # -- clean-up -----------------------------------------------------------------------
+    def _close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+    finally:
+        try:
+            pipe.close()
+        except (BrokenPipeError, OSError):
+            pass
+
+
+def _read_status(fd: int) -> dict:
+    """bwrap's --json-status-fd: {"child-pid": N} once the sandbox is up, {"exit-code": N} at the end."""
+    chunks = []
+    os.set_blocking(fd, False)
+    try:
+        while True:
+            try:
+                b = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        os.close(fd)
+    status: dict = {}
+    for line in b"".join(chunks).decode(errors="replace").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                status.update(json.loads(line))
+            except ValueError:
+                pass
+    return status
+
+
+def _tar_dir(src: pathlib.Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for child in sorted(src.iterdir()):
+            tf.add(child, arcname=child.name)
+    return buf.getvalue()
+
+
+def reap_stale(pid_alive) -> list[str]:
+    """Remove cgroups and work dirs whose owner process is gone. Returns what was removed."""
+    from tasks.sandbox.base import owner_pid
+
+    removed = []
+    parents = ([CGROUP_ROOT / c / CGROUP_PARENT for c in V1_CONTROLLERS] + [CGROUP_ROOT / CGROUP_PARENT])
+    for parent in parents:
+        if not parent.is_dir():
+            continue
+        for d in parent.iterdir():
+            pid = owner_pid(d.name)
+            if d.is_dir() and pid is not None and not pid_alive(pid):
+                cg = Cgroup.__new__(Cgroup)
+                cg.dirs = [d]
+                cg.remove()
+                removed.append(str(d))
+    if work_root().is_dir():
+        for d in work_root().iterdir():
+            pid = owner_pid(d.name)
+            if pid is not None and not pid_alive(pid):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(str(d))
+    return removed
+
+
+def leftovers(pid: int) -> list[str]:
+    """Cgroups and work dirs a process still holds (tests assert this is empty after close)."""
+    from tasks.sandbox.base import owner_pid
+
+    out = []
+    for parent in [CGROUP_ROOT / c / CGROUP_PARENT for c in V1_CONTROLLERS] + [CGROUP_ROOT / CGROUP_PARENT]:
+        if parent.is_dir():
+            out += [str(d) for d in parent.iterdir() if d.is_dir() and owner_pid(d.name) == pid]
+    if work_root().is_dir():
+        out += [str(d) for d in work_root().iterdir() if owner_pid(d.name) == pid]
+    return out

@@ -1,0 +1,365 @@
+"""Docker backend: one container per sandbox, every command an `exec` in it.
+
+Containers run `sleep infinity` with no network (`network_mode=none`), memory (no
+swap), pids and CPU limits, all capabilities dropped and no-new-privileges.
+
+- archive tasks start from the base image (`cfg.image`); /testbed is put in owned
+  by uid 1000 and commands run as uid 1000, like bwrap.
+- image tasks (real R2E-Gym rows: `docker_image`, no `environment_uri`) start from
+  that image and run as root, as R2E-Gym does; its hidden tests are removed
+  (agent mode) or moved to /root (grading mode) at start.
+
+`cfg.docker_reuse` keeps containers of archive tasks warm between sandboxes: on
+close the container is reset (every uid-1000 process killed, every place uid 1000
+can write emptied) and handed to the next sandbox of the same environment, mode and
+limits. uid 1000 cannot write anywhere else, so a reset container is as clean as a
+new one. Image tasks run as root and are never reused.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import pathlib
+import select
+import socket
+import tarfile
+import threading
+import time
+
+from tasks.sandbox.base import (LOCAL_PATH, R2E_PATH, BaseSandbox, CommandResult, OutputCap, SandboxError,
+                                SandboxInfraError, check_path, decode, new_id, register)
+from tasks.sandbox.environment import SANDBOX_UID, Environment
+
+LABEL = "rlvr.sandbox"
+KILL_GRACE_S = 5.0
+# Where uid 1000 can write in the base image (world-writable dirs + /testbed); a reset empties them.
+WRITABLE = ("/testbed", "/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+_client = None
+_client_lock = threading.Lock()
+
+
+def client():
+    global _client
+    with _client_lock:
+        if _client is None:
+            import docker
+
+            try:
+                _client = docker.from_env(timeout=300, max_pool_size=64)
+                _client.ping()
+            except Exception as e:
+                _client = None
+                raise SandboxInfraError(f"docker engine not reachable ({e}); run infra/system-setup.sh") from e
+        return _client
+
+
+def _infra(what: str, e: Exception) -> SandboxInfraError:
+    return SandboxInfraError(f"docker: {what}: {type(e).__name__}: {e}")
+
+
+# -- warm pool ------------------------------------------------------------------------------
+_POOL: dict[tuple, list] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _pool_get(key: tuple):
+    with _POOL_LOCK:
+        items = _POOL.get(key) or []
+        return items.pop() if items else None
+
+
+def _pool_put(key: tuple, container, max_idle: int) -> bool:
+    with _POOL_LOCK:
+        items = _POOL.setdefault(key, [])
+        if len(items) >= max_idle:
+            return False
+        items.append(container)
+        return True
+
+
+def close_pools() -> None:
+    """Remove every warm container this process keeps."""
+    with _POOL_LOCK:
+        items = [c for cs in _POOL.values() for c in cs]
+        _POOL.clear()
+    for c in items:
+        _remove(c)
+
+
+atexit.register(close_pools)
+
+
+def _remove(container) -> None:
+    try:
+        container.remove(force=True)
+    except Exception:
+        pass
+
+
+class DockerSandbox(BaseSandbox):
+    def __init__(self, env: Environment, cfg, mode: str = "agent"):
+        self.id, self.mode, self.cfg, self.env = new_id(), mode, cfg, env
+        self.container = None
+        self._discard = False
+        self.local = env.kind == "archive"
+        self.user = f"{SANDBOX_UID}:{SANDBOX_UID}" if self.local else "0:0"
+        if self.local:
+            # Plugin autoload off: nothing to load in the base image, and it costs ~1 s per run.
+            self.env_vars = {"PATH": LOCAL_PATH, "HOME": "/tmp", "USER": "sandbox", "LANG": "C.UTF-8",
+                             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        else:
+            # Real R2E-Gym images may rely on pytest plugins (e.g. asyncio): leave autoload on.
+            self.env_vars = {"PATH": R2E_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
+        self.reusable = bool(getattr(cfg, "docker_reuse", False)) and self.local
+        self.pool_key = (env.image, env.key, mode, cfg.memory_mb, cfg.pids_limit, cfg.cpus)
+        t0 = time.monotonic()
+        register(self)
+        try:
+            self.container = _pool_get(self.pool_key) if self.reusable else None
+            self.reused = self.container is not None
+            if self.container is None:
+                self.container = self._create()
+            self._populate()
+        except BaseException as e:
+            self._discard = True
+            self.close()
+            if isinstance(e, (SandboxError, KeyboardInterrupt, SystemExit)):
+                raise
+            raise _infra("start", e) from e
+        self.start_seconds = time.monotonic() - t0
+
+    # -- start --------------------------------------------------------------------------
+    def _create(self):
+        import docker
+
+        cfg = self.cfg
+        try:
+            return client().containers.run(
+                self.env.image, ["sleep", "infinity"], detach=True, name=new_id(),
+                network_mode="none", mem_limit=f"{cfg.memory_mb}m", memswap_limit=f"{cfg.memory_mb}m",
+                pids_limit=cfg.pids_limit, nano_cpus=int(cfg.cpus * 1e9),
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], working_dir="/testbed",
+                labels={LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{os.getpid()}"},
+                stop_signal="SIGKILL",
+            )
+        except docker.errors.ImageNotFound as e:
+            raise SandboxInfraError(f"docker image {self.env.image!r} not found (no registry here: build or "
+                                    "load it first)") from e
+        except docker.errors.DockerException as e:
+            raise _infra("container start", e) from e
+
+    def _populate(self) -> None:
+        c = self.container
+        if self.local:
+            if not c.put_archive("/", self.env.tar("testbed")):
+                raise SandboxInfraError("docker: cannot put /testbed into the container")
+            if self.mode == "grading" and not self.reused:
+                # Root-owned and read-only for uid 1000, where R2E-Gym keeps them.
+                if not c.put_archive("/root", self.env.tar("hidden")):
+                    raise SandboxInfraError("docker: cannot put the hidden tests into /root")
+            return
+        # R2E-Gym image: the hidden tests live in /r2e_tests and /testbed/run_tests.sh.
+        venv = ("ln -sfn /testbed/.venv /root/.venv; mkdir -p /root/.local/bin; "
+                "if [ -d /testbed/.venv/bin ]; then ln -sf /testbed/.venv/bin/python /root/.local/bin/python; "
+                "ln -sf /testbed/.venv/bin/python /root/.local/bin/python3; "
+                "find /testbed/.venv/bin -type f -executable -exec ln -sf {} /root/.local/bin/ \\; ; fi; "
+                "find /testbed -name '*.pyc' -delete; find /testbed -name __pycache__ -prune -exec rm -rf {} +; ")
+        if self.mode == "agent":
+            setup = "rm -rf /r2e_tests /testbed/r2e_tests /testbed/run_tests.sh; " + venv
+        else:
+            setup = ("if [ -e /testbed/run_tests.sh ]; then mv -f /testbed/run_tests.sh /root/run_tests.sh; fi; "
+                     "if [ -d /r2e_tests ]; then rm -rf /testbed/r2e_tests /root/r2e_tests; "
+                     "mv /r2e_tests /root/r2e_tests; "
+                     "elif [ -d /testbed/r2e_tests ]; then rm -rf /root/r2e_tests; "
+                     "mv /testbed/r2e_tests /root/r2e_tests; fi; "
+                     "find /root/r2e_tests -name '*.pyc' -delete; "
+                     "find /root/r2e_tests -name __pycache__ -prune -exec rm -rf {} +; " + venv)
+        r, _ = self._exec(["/bin/sh", "-c", setup + "true"], 120, 64 * 1024)
+        if not r.ok:
+            raise SandboxInfraError(f"docker: environment set-up failed: {r.output[-2000:]}")
+
+    # -- commands -----------------------------------------------------------------------
+    def _exec(self, argv: list[str], timeout: float, cap: int, stdin: bytes | None = None,
+              workdir: str = "/testbed", env: dict[str, str] | None = None,
+              user: str | None = None, wrap: bool = True) -> tuple[CommandResult, bytes]:
+        import docker
+
+        if self.container is None or getattr(self, "_closed", False):
+            raise SandboxError(f"sandbox {self.id} is closed")
+        api = client().api
+        # In-container `timeout` is the backstop; our own deadline fires first.
+        cmd = (["timeout", "-s", "KILL", str(int(timeout) + 2)] if wrap else []) + argv
+        t0 = time.monotonic()
+        try:
+            eid = api.exec_create(self.container.id, cmd, stdin=stdin is not None, tty=False,
+                                  user=user or self.user, workdir=workdir,
+                                  environment={**self.env_vars, **(env or {})})["Id"]
+            sock = api.exec_start(eid, socket=True)
+        except docker.errors.DockerException as e:
+            raise _infra("exec", e) from e
+        raw = getattr(sock, "_sock", sock)
+        writer = None
+        if stdin is not None:
+            writer = threading.Thread(target=_send, args=(raw, stdin), daemon=True)
+            writer.start()
+        out = OutputCap(cap)
+        timed_out = False
+        try:
+            timed_out = self._drain(raw, out, t0 + timeout)
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+            if writer is not None:
+                writer.join(1.0)
+        code = None
+        if not timed_out:
+            try:
+                for _ in range(50):  # the stream ends a moment before the exec is marked done
+                    info = api.exec_inspect(eid)
+                    if not info.get("Running"):
+                        code = info.get("ExitCode")
+                        break
+                    time.sleep(0.01)
+            except docker.errors.DockerException as e:
+                raise _infra("exec inspect", e) from e
+        data = out.value()
+        return CommandResult(exit_code=code, output=decode(data), timed_out=timed_out,
+                             seconds=time.monotonic() - t0, truncated=out.truncated,
+                             output_bytes=out.total), data
+
+    def _drain(self, raw, out: OutputCap, deadline: float) -> bool:
+        """Read docker's multiplexed stream (8-byte frame headers) until EOF or the deadline."""
+        buf = bytearray()
+        timed_out = False
+        while True:
+            now = time.monotonic()
+            if not timed_out and now >= deadline:
+                timed_out = True
+                self._kill_processes()
+                deadline = now + KILL_GRACE_S
+            elif timed_out and now >= deadline:
+                return True
+            ready, _, _ = select.select([raw], [], [], min(1.0, max(0.0, deadline - now)))
+            if not ready:
+                continue
+            try:
+                chunk = raw.recv(1 << 16)
+            except (ConnectionError, OSError):
+                chunk = b""
+            if not chunk:
+                return timed_out
+            buf += chunk
+            while len(buf) >= 8:
+                size = int.from_bytes(buf[4:8], "big")
+                if len(buf) < 8 + size:
+                    break
+                out.feed(bytes(buf[8:8 + size]))
+                del buf[:8 + size]
+
+    def _kill_processes(self) -> None:
+        # Every process of the sandbox user except the container's init (pid 1): the timed-out
+        # command, its children, and whatever it left in the background. Repeated until none is left.
+        try:
+            self.container.exec_run(["sh", "-c", "kill -9 -1; while kill -9 -1 2>/dev/null; do :; done; true"],
+                                    user=self.user)
+        except Exception:
+            self._discard = True
+
+    def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
+            output_cap: int | None = None, env: dict[str, str] | None = None) -> CommandResult:
+        r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
+                          output_cap or self.cfg.output_cap_bytes, workdir=check_path(workdir), env=env)
+        return r
+
+    # -- files (through the sandbox user, so permissions and symlinks are the sandbox's) --
+    def read_file(self, path: str) -> str:
+        r, data = self._exec(["cat", "--", check_path(path)], 60, 256 * 1024 * 1024)
+        if r.exit_code != 0:
+            raise FileNotFoundError(f"{path}: {r.output.strip()}")
+        return decode(data)
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", check_path(path)],
+                          60, 64 * 1024, stdin=data)
+        if r.exit_code != 0:
+            raise SandboxError(f"cannot write {path}: {r.output.strip()}")
+
+    def copy_tree_in(self, src: str | os.PathLike, dest: str) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for child in sorted(pathlib.Path(src).iterdir()):
+                tf.add(child, arcname=child.name)
+        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x --no-same-owner -f - -C "$1"', "sh",
+                           check_path(dest)], 120, 64 * 1024, stdin=buf.getvalue())
+        if r.exit_code != 0:
+            raise SandboxError(f"cannot copy {src} to {dest}: {r.output.strip()}")
+
+    # -- clean-up -----------------------------------------------------------------------
+    def _reset(self) -> bool:
+        """Make a used container as clean as a new one; False if that cannot be shown."""
+        dirs = " ".join(WRITABLE)
+        # The kill loop ends only when kill(-1) finds no process left to signal. Not under
+        # `timeout`: kill(-1) would kill that wrapper too.
+        script = (f"while kill -9 -1 2>/dev/null; do :; done; "
+                  f"chmod -R u+rwX {dirs} 2>/dev/null; find {dirs} -mindepth 1 -delete 2>/dev/null; "
+                  f"test -z \"$(find {dirs} -mindepth 1 2>/dev/null | head -n 1)\"")
+        try:
+            r, _ = self._exec(["/bin/sh", "-c", script], 30, 4096, workdir="/", wrap=False)
+        except Exception:
+            return False
+        return r.exit_code == 0
+
+    def _close(self) -> None:
+        c, self.container = self.container, None
+        if c is None:
+            return
+        if self.reusable and not self._discard:
+            self.container = c  # _exec needs it for the reset
+            ok = self._reset()
+            self.container = None
+            if ok and _pool_put(self.pool_key, c, max(1, self.cfg.concurrency)):
+                return
+        _remove(c)
+
+
+def _send(raw, data: bytes) -> None:
+    try:
+        raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)  # EOF on the command's stdin; the output keeps flowing
+    except OSError:
+        pass
+
+
+def _owned(c) -> tuple[str, int | None]:
+    host, _, pid = (c.labels or {}).get(f"{LABEL}.owner", ":").rpartition(":")
+    return host, int(pid) if pid.isdigit() else None
+
+
+def reap_stale(pid_alive) -> list[str]:
+    """Remove this host's sandbox containers whose owner process is gone."""
+    removed = []
+    for c in client().containers.list(all=True, filters={"label": LABEL}):
+        host, pid = _owned(c)
+        if host == socket.gethostname() and pid is not None and not pid_alive(pid):
+            _remove(c)
+            removed.append(c.name)
+    return removed
+
+
+def leftovers(pid: int, include_pool: bool = False) -> list[str]:
+    """Containers a process still holds (warm pool excluded unless asked)."""
+    with _POOL_LOCK:
+        pooled = {c.id for cs in _POOL.values() for c in cs}
+    out = []
+    for c in client().containers.list(all=True, filters={"label": LABEL}):
+        host, p = _owned(c)
+        if host == socket.gethostname() and p == pid and (include_pool or c.id not in pooled):
+            out.append(c.name)
+    return out
+

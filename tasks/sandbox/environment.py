@@ -1,0 +1,193 @@
+"""Task environments: where a task's repo and hidden tests come from.
+
+Two kinds (see the package docstring for the archive layout):
+- archive: `environment_uri` names a .tar.gz in the object store. It is fetched once,
+  checked, and extracted once per process tree into `.rlvr/sandbox/envs/<sha256>/`
+  as `testbed/` and `hidden/{r2e_tests/,run_tests.sh}`; sandboxes copy from there.
+- image: no `environment_uri`; the R2E-Gym `docker_image` already holds /testbed,
+  /testbed/run_tests.sh and /r2e_tests (docker backend only).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import os
+import pathlib
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+from tasks.sandbox import image as image_mod
+
+RUN_TESTS_SH = "#!/bin/bash\n.venv/bin/python -W ignore -m pytest -rA r2e_tests\n"
+GIT_EXCLUDES = ".venv\n__pycache__/\n*.pyc\n.pytest_cache/\n"
+SANDBOX_UID = 1000  # the user inside every sandbox (uid and gid)
+
+
+@dataclass
+class Environment:
+    kind: str  # "archive" | "image"
+    key: str  # content key (archive sha256) or image name
+    image: str | None = None  # docker image to start (archive: the base image)
+    root: pathlib.Path | None = None  # archive: extracted dir with testbed/ and hidden/
+    _tars: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def testbed(self) -> pathlib.Path:
+        return self.root / "testbed"
+
+    @property
+    def hidden(self) -> pathlib.Path:
+        return self.root / "hidden"
+
+    def tar(self, which: str) -> bytes:
+        """Uncompressed tar of testbed/ (owned by uid 1000) or of hidden/ (root-owned, world-readable),
+        built once per environment: the docker backend puts it into each container."""
+        with self._lock:
+            if which not in self._tars:
+                buf = io.BytesIO()
+                src = self.testbed if which == "testbed" else self.hidden
+                uid = SANDBOX_UID if which == "testbed" else 0
+
+                def own(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+                    ti.uid = ti.gid = uid
+                    ti.uname = ti.gname = ""
+                    if which == "hidden":
+                        ti.mode = (ti.mode | 0o444 | (0o111 if ti.isdir() else 0)) & 0o755
+                    return ti
+
+                with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                    if which == "testbed":
+                        tf.add(src, arcname="testbed", filter=own)
+                    else:
+                        for child in sorted(src.iterdir()):
+                            tf.add(child, arcname=child.name, filter=own)
+                self._tars[which] = buf.getvalue()
+            return self._tars[which]
+
+
+class EnvironmentError_(ValueError):
+    """The task row or its archive does not describe a usable environment (not retryable)."""
+
+
+_ENVS: dict[str, Environment] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def resolve(task_row: dict, store, base_image: str = image_mod.IMAGE) -> Environment:
+    uri = task_row.get("environment_uri")
+    if not uri:
+        img = task_row.get("docker_image")
+        if not img:
+            raise EnvironmentError_(f"task {task_row.get('instance_id')!r} has neither environment_uri nor docker_image")
+        return Environment(kind="image", key=img, image=img)
+    with _ENVS_LOCK:
+        env = _ENVS.get(uri)
+    if env is not None and env.root.exists():
+        return env
+    if store is None:
+        raise EnvironmentError_(f"task {task_row.get('instance_id')!r} has environment_uri {uri!r} but no store")
+    path = store.local_path(uri)
+    env = Environment(kind="archive", key=_sha256(path), image=base_image)
+    env.root = _extract(path, env.key)
+    with _ENVS_LOCK:
+        _ENVS[uri] = env
+    return env
+
+
+def _sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _extract(archive: pathlib.Path, key: str) -> pathlib.Path:
+    envs = image_mod.cache_dir() / "envs"
+    dest = envs / key[:32]
+    if (dest / ".complete").exists():
+        return dest
+    envs.mkdir(parents=True, exist_ok=True)
+    with open(envs / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / ".complete").exists():
+            return dest
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{key[:12]}.", dir=envs))
+        try:
+            # The "tar" filter refuses members outside the destination and strips setuid bits,
+            # but keeps the absolute .venv/bin/python symlink the format requires.
+            with tarfile.open(archive, "r:*") as tf:
+                tf.extractall(tmp, filter="tar")
+            for need in ("testbed/.git", "r2e_tests", "run_tests.sh"):
+                if not (tmp / need).exists():
+                    raise EnvironmentError_(f"environment archive {archive} lacks {need}")
+            (tmp / "hidden").mkdir()
+            (tmp / "r2e_tests").rename(tmp / "hidden" / "r2e_tests")
+            (tmp / "run_tests.sh").rename(tmp / "hidden" / "run_tests.sh")
+            # Root-owned and world-readable: the sandbox user reads but cannot change these copies.
+            subprocess.run(["chown", "-R", "-h", "0:0", str(tmp)], check=True)
+            subprocess.run(["chmod", "-R", "a+rX,go-w", str(tmp)], check=True)
+            (tmp / ".complete").write_text(key + "\n")
+            if dest.exists():
+                shutil.rmtree(dest)
+            tmp.rename(dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return dest
+
+
+def build_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],
+                  run_tests: str = RUN_TESTS_SH, python: str = "/usr/bin/python3",
+                  message: str = "buggy state") -> bytes:
+    """A .tar.gz environment archive in the documented layout, from in-memory files.
+
+    files: repo-relative path -> content (the buggy state, committed once);
+    tests: path relative to r2e_tests/ -> content (the hidden tests).
+    """
+    with tempfile.TemporaryDirectory(prefix="rlvr-envbuild-") as d:
+        root = pathlib.Path(d)
+        tb = root / "testbed"
+        for rel, content in files.items():
+            _write(tb / rel, content)
+        tb.mkdir(exist_ok=True)
+        git_env = dict(os.environ, GIT_AUTHOR_NAME="rlvr", GIT_AUTHOR_EMAIL="rlvr@localhost",
+                       GIT_COMMITTER_NAME="rlvr", GIT_COMMITTER_EMAIL="rlvr@localhost",
+                       GIT_AUTHOR_DATE="2000-01-01T00:00:00Z", GIT_COMMITTER_DATE="2000-01-01T00:00:00Z")
+        # No template: no sample hooks, a smaller archive.
+        subprocess.run(["git", "init", "-q", "--template=", "-b", "main", str(tb)], check=True, env=git_env)
+        (tb / ".git" / "info").mkdir(exist_ok=True)
+        (tb / ".git" / "info" / "exclude").write_text(GIT_EXCLUDES)
+        subprocess.run(["git", "-C", str(tb), "add", "-A"], check=True, env=git_env)
+        subprocess.run(["git", "-C", str(tb), "commit", "-q", "--allow-empty", "-m", message], check=True, env=git_env)
+        (tb / ".venv" / "bin").mkdir(parents=True)
+        os.symlink(python, tb / ".venv" / "bin" / "python")
+        for rel, content in tests.items():
+            _write(root / "r2e_tests" / rel, content)
+        (root / "r2e_tests").mkdir(exist_ok=True)
+        _write(root / "run_tests.sh", run_tests)
+        os.chmod(root / "run_tests.sh", 0o755)
+        buf = io.BytesIO()
+
+        def norm(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+            ti.uid = ti.gid = 0
+            ti.uname = ti.gname = ""
+            ti.mtime = 946684800
+            return ti
+
+        with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tf:
+            for top in ("testbed", "r2e_tests", "run_tests.sh"):
+                tf.add(root / top, arcname=top, filter=norm)
+        return buf.getvalue()
+
+
+def _write(path: pathlib.Path, content: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content.encode() if isinstance(content, str) else content)

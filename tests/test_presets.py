@@ -1,0 +1,37 @@
+"""Configuration: presets validate, overrides apply, and bad values fail before anything starts."""
+
+import pytest
+
+from schemas.presets import PRESETS, ConfigError, load_config
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_validate(name):
+    cfg = load_config(name)
+    assert cfg.preset == name and cfg.grpo.global_batch_size >= 2
+
+
+def test_overrides_apply_with_types():
+    cfg = load_config("mini", ["grpo.prompts_per_step=4", "seed=7", "sandbox.backend=docker",
+                               "agent.training.temperature=0.7"])
+    assert (cfg.grpo.prompts_per_step, cfg.seed, cfg.sandbox.backend, cfg.agent.training.temperature) == \
+        (4, 7, "docker", 0.7)
+
+
+@pytest.mark.parametrize("override,needle", [
+    (["grpo.generations_per_prompt=1"], "grpo.generations_per_prompt"),
+    (["sandbox.backend=podman"], "sandbox.backend"),
+    (["agent.max_turn=3"], "agent.max_turn"),
+    (["eval.samples_per_task=2"], "samples_per_task (2) must be >= k (4)"),
+    (["agent.max_context_tokens=100000"], "exceeds inference.max_model_len"),
+    (["grpo.prompts_per_step"], "not of the form"),
+])
+def test_invalid_values_fail_clearly(override, needle):
+    with pytest.raises(ConfigError, match=None) as e:
+        load_config("mini", override)
+    assert needle in str(e.value)
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        load_config("huge")
