@@ -96,6 +96,16 @@ class InferenceConfig(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     # CPU only: memory for the KV cache.
     cpu_kvcache_gib: int = Field(2, ge=1)
+    # CPU only: OpenMP threads of the engine; None = vLLM's choice (it drops to 1 on 2 cores).
+    cpu_threads: int | None = Field(None, ge=1)
+    # None = float32 on CPU (bit-for-bit close to fp32 training), "auto" (checkpoint dtype) on GPU.
+    dtype: Literal["auto", "float32", "bfloat16"] | None = None
+    # How new weights reach vLLM: reload from a checkpoint directory (any device), or NCCL broadcast (GPU).
+    weight_sync: Literal["checkpoint", "nccl"] = "checkpoint"
+    # None = eager on CPU (start-up ~60 s instead of ~130-180 s with torch.compile), compiled on GPU.
+    enforce_eager: bool | None = None
+    # Python of the vLLM environment; None = $RLVR_VLLM_PYTHON or <repo>/.venv-vllm/bin/python.
+    vllm_python: str | None = None
 
 
 class SamplingConfig(_Strict):

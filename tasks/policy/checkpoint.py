@@ -65,7 +65,8 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, pat
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     present = f.exists()
     if distributed:  # every rank must take the same branch
-        flag = torch.tensor([int(present)])
+        on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([int(present)], device=on)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         present = bool(flag.item())
     if not present:

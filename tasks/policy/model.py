@@ -14,17 +14,19 @@ fp32 training would push most sequences outside the seq-mask-tis bounds
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pathlib
 import shutil
 import tempfile
 from collections.abc import Iterable
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+from typing import TYPE_CHECKING
 
 from schemas.config import ModelConfig
-from tasks.policy import tokenizer as tok_lib
+
+if TYPE_CHECKING:  # torch/transformers are imported where used: the checks below stay light
+    import torch
+    from transformers import PreTrainedModel
 
 # What a checkpoint directory must hold to be loaded by us and by vLLM.
 REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
@@ -40,6 +42,8 @@ class MissingModelFileError(FileNotFoundError):
 
 def build_hf_config(cfg: ModelConfig, tokenizer):
     """The transformers config of the tiny model described by `cfg`."""
+    from tasks.policy import tokenizer as tok_lib
+
     ids = tok_lib.special_token_ids(tokenizer)
     if len(tokenizer) > cfg.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} ids > model vocab_size {cfg.vocab_size}")
@@ -99,13 +103,15 @@ def build_hf_config(cfg: ModelConfig, tokenizer):
 
 def build_tiny_model(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
     """Random-weight model for `cfg`, seeded by cfg.seed, fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     hf_cfg = build_hf_config(cfg, tokenizer)
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[hf_cfg.eos_token_id, hf_cfg.pad_token_id],
-        pad_token_id=hf_cfg.pad_token_id,
-    )
+    # Only <|im_end|> ends a turn: vLLM also stops at generation_config's eos ids,
+    # and a turn ending in <|endoftext|> would break the chat format.
+    model.generation_config = GenerationConfig(eos_token_id=hf_cfg.eos_token_id, pad_token_id=hf_cfg.pad_token_id)
     return model
 
 
@@ -122,6 +128,8 @@ def save_policy(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike) -
 def build_policy(cfg: ModelConfig, out_dir: str | os.PathLike, corpus: Iterable[str] | None = None) -> pathlib.Path:
     """Train the tokenizer on `corpus` (None = tokenizer.default_corpus()), build the
     tiny model from `cfg` and save both to `out_dir`."""
+    from tasks.policy import tokenizer as tok_lib
+
     tokenizer = tok_lib.train_tokenizer(corpus, vocab_size=cfg.vocab_size)
     return save_policy(build_tiny_model(cfg, tokenizer), tokenizer, out_dir)
 
@@ -138,8 +146,6 @@ def check_model_dir(path: str | os.PathLike) -> pathlib.Path:
         raise MissingModelFileError(f"model directory {p} lacks model.safetensors (or model.safetensors.index.json)")
     index = p / "model.safetensors.index.json"
     if index.is_file() and not (p / "model.safetensors").is_file():
-        import json
-
         for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
             if not (p / shard).is_file():
                 raise MissingModelFileError(f"model directory {p} lacks {shard} (listed in {index.name})")
@@ -190,9 +196,13 @@ def resolve_model_dir(path_or_uri: str | os.PathLike, cache_dir: str | os.PathLi
 
 
 def load_policy(path_or_uri: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-                storage_options: dict | None = None, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from a checkpoint directory or object-store URI."""
+                storage_options: dict | None = None, dtype: "torch.dtype | None" = None):
+    """(model, tokenizer) from a checkpoint directory or object-store URI; fp32 unless `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     local = resolve_model_dir(path_or_uri, cache_dir, storage_options)
+    dtype = dtype or torch.float32
     tokenizer = AutoTokenizer.from_pretrained(local)
     model = AutoModelForCausalLM.from_pretrained(local, dtype=dtype)
     return model, tokenizer

@@ -23,8 +23,10 @@ import json
 import math
 import os
 import random
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,9 +309,20 @@ def _all_reduce(values: list[float], op: str) -> list[float]:
     """Combine a few numbers over ranks: op is "sum", "min" or "max"."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return values
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
     return t.tolist()
+
+
+def collective_device() -> torch.device:
+    """NCCL only moves CUDA tensors; gloo takes CPU ones."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -469,15 +482,18 @@ def grpo_update(
     ref_model = build_policy(reference_dir, rt)[0].eval() if beta > 0 else None
     t_loaded = time.perf_counter()
 
-    chunks = [c for c in np.array_split(np.arange(len(samples)), optimizer_steps) if len(c)]
-    steps = []
-    for chunk in chunks:
-        batch = [samples[i] for i in chunk]
-        plan = plan_micro_batches([len(s.tokens) for s in batch], rt.world, cfg.optimizer.micro_batch_tokens)
-        if len(chunks) > 1:
+    batches = [[samples[i] for i in c] for c in np.array_split(np.arange(len(samples)), optimizer_steps) if len(c)]
+    plans = [plan_micro_batches([len(s.tokens) for s in b], rt.world, cfg.optimizer.micro_batch_tokens)
+             for b in batches]
+    # pi_prev is the policy before the first step, for every mini-batch.
+    for batch, plan in zip(batches, plans):
+        if len(batches) > 1:
             _forward_pass(model, batch, plan, rt, "prev_logprobs")
         if ref_model is not None:
             _forward_pass(ref_model, batch, plan, rt, "ref_logprobs")
+    del ref_model
+    steps = []
+    for batch, plan in zip(batches, plans):
         # Global counts of this optimizer step's batch: every rank computes the same.
         toks = float(sum(s.token_mask.sum().item() for s in batch))
         seqs = float(len(batch))
@@ -500,7 +516,7 @@ def grpo_update(
         grad_clip=cfg.effective_grad_clip, load_seconds=t_loaded - t0, update_seconds=t_updated - t_loaded,
         save_seconds=save_s, seconds=time.perf_counter() - t0,
         tokens_per_second=metrics.get("tokens", 0) / max(t_updated - t_loaded, 1e-9),
-        skipped=not steps,
+        skipped=not steps, peak_rss_mib=_all_reduce([peak_rss_mib()], "max")[0],
     )
     return metrics
 
@@ -594,6 +610,7 @@ def sft_train(
         "losses": losses, "tokens": tokens, "train_seconds": t_trained - t_loaded, "save_seconds": save_s,
         "seconds": time.perf_counter() - t0, "tokens_per_second": tokens / max(t_trained - t_loaded, 1e-9),
         "policy_version": policy_version, "world_size": rt.world, "lr": cfg.sft.lr,
+        "peak_rss_mib": _all_reduce([peak_rss_mib()], "max")[0],
     }
 
 
@@ -634,6 +651,33 @@ def run_trainer(mode: str, args: list[str], num_ranks: int = 1, timeout: float |
 
 
 EXIT_BAD_INPUT, EXIT_ABORTED = 2, 3
+
+
+def launch_grpo_update(model_dir, trajectories_path, advantages_path, cfg: RunConfig, out_dir, *,
+                       optimizer_steps: int = 1, reference_dir=None, policy_version: int | None = None,
+                       timeout: float | None = None) -> dict:
+    """One GRPO update in cfg.optimizer.num_ranks processes, from Parquet files (what a flow calls)."""
+    with tempfile.TemporaryDirectory(prefix="rlvr-trainer-") as d:
+        config = Path(d) / "run.json"
+        config.write_text(cfg.model_dump_json())
+        args = ["--model", str(model_dir), "--out", str(out_dir), "--config", str(config),
+                "--trajectories", str(trajectories_path), "--advantages", str(advantages_path),
+                "--optimizer-steps", str(optimizer_steps)]
+        args += ["--reference", str(reference_dir)] if reference_dir is not None else []
+        args += ["--policy-version", str(policy_version)] if policy_version is not None else []
+        return run_trainer("grpo", args, cfg.optimizer.num_ranks, timeout)
+
+
+def launch_sft(model_dir, demonstrations_path, cfg: RunConfig, out_dir, *, max_steps: int | None = None,
+               policy_version: int = 0, timeout: float | None = None) -> dict:
+    """The SFT warm start in cfg.optimizer.num_ranks processes."""
+    with tempfile.TemporaryDirectory(prefix="rlvr-trainer-") as d:
+        config = Path(d) / "run.json"
+        config.write_text(cfg.model_dump_json())
+        args = ["--model", str(model_dir), "--out", str(out_dir), "--config", str(config),
+                "--demonstrations", str(demonstrations_path), "--policy-version", str(policy_version)]
+        args += ["--max-steps", str(max_steps)] if max_steps is not None else []
+        return run_trainer("sft", args, cfg.optimizer.num_ranks, timeout)
 
 
 def _read_table(path: str) -> pa.Table:

@@ -233,6 +233,8 @@ class BwrapSandbox(BaseSandbox):
                 writer.join(1.0)
             status = _read_status(status_r)
         seconds = time.monotonic() - t0
+        if getattr(self, "_closed", False):
+            raise SandboxError(f"sandbox {self.id} was closed while the command ran")
         if "child-pid" not in status and not timed_out:
             # bwrap never started the command: its own error message is the output.
             raise SandboxInfraError(f"bwrap failed to start (exit {proc.returncode}): {decode(out.value())[-2000:]}")

@@ -37,6 +37,22 @@ KILL_GRACE_S = 5.0
 # Where uid 1000 can write in the base image (world-writable dirs + /testbed); a reset empties them.
 WRITABLE = ("/testbed", "/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
+# SIGKILL every process of the sandbox user but this shell until none is left alive (zombies
+# do not count; tini, init=True, reaps them). kill(-1)'s own status cannot tell: it succeeds
+# whenever any other process exists, signalled or not. Builtins only: a fork would count.
+_KILL_ALL = """kill_all() { me=$$; uid=$(id -u)
+for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  kill -9 -1 2>/dev/null; left=0
+  for p in /proc/[0-9]*; do
+    [ "$p" = "/proc/$me" ] && continue; st=; u=
+    while read -r k v rest; do case $k in State:) st=$v;; Uid:) u=$v;; esac; done 2>/dev/null < "$p/status"
+    [ "$u" = "$uid" ] && [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ] && left=1
+  done
+  [ $left = 0 ] && return 0
+  sleep 0.05
+done
+return 1; }; kill_all"""
+
 _client = None
 _client_lock = threading.Lock()
 
@@ -144,6 +160,9 @@ class DockerSandbox(BaseSandbox):
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], working_dir="/testbed",
                 labels={LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{os.getpid()}"},
                 stop_signal="SIGKILL",
+                # tini as pid 1 reaps orphans: killed background processes must not linger as
+                # zombies (they would count against pids_limit and keep kill(-1) succeeding).
+                init=True,
             )
         except docker.errors.ImageNotFound as e:
             raise SandboxInfraError(f"docker image {self.env.image!r} not found (no registry here: build or "
@@ -184,10 +203,10 @@ class DockerSandbox(BaseSandbox):
     # -- commands -----------------------------------------------------------------------
     def _exec(self, argv: list[str], timeout: float, cap: int, stdin: bytes | None = None,
               workdir: str = "/testbed", env: dict[str, str] | None = None,
-              user: str | None = None, wrap: bool = True) -> tuple[CommandResult, bytes]:
+              user: str | None = None, wrap: bool = True, closing: bool = False) -> tuple[CommandResult, bytes]:
         import docker
 
-        if self.container is None or getattr(self, "_closed", False):
+        if self.container is None or (getattr(self, "_closed", False) and not closing):
             raise SandboxError(f"sandbox {self.id} is closed")
         api = client().api
         # In-container `timeout` is the backstop; our own deadline fires first.
@@ -208,7 +227,7 @@ class DockerSandbox(BaseSandbox):
         out = OutputCap(cap)
         timed_out = False
         try:
-            timed_out = self._drain(raw, out, t0 + timeout)
+            timed_out = self._drain(raw, out, t0 + timeout, eid)
         finally:
             try:
                 sock.close()
@@ -216,6 +235,8 @@ class DockerSandbox(BaseSandbox):
                 pass
             if writer is not None:
                 writer.join(1.0)
+        if getattr(self, "_closed", False) and not closing:
+            raise SandboxError(f"sandbox {self.id} was closed while the command ran")
         code = None
         if not timed_out:
             try:
@@ -232,7 +253,7 @@ class DockerSandbox(BaseSandbox):
                              seconds=time.monotonic() - t0, truncated=out.truncated,
                              output_bytes=out.total), data
 
-    def _drain(self, raw, out: OutputCap, deadline: float) -> bool:
+    def _drain(self, raw, out: OutputCap, deadline: float, eid: str) -> bool:
         """Read docker's multiplexed stream (8-byte frame headers) until EOF or the deadline."""
         buf = bytearray()
         timed_out = False
@@ -240,7 +261,7 @@ class DockerSandbox(BaseSandbox):
             now = time.monotonic()
             if not timed_out and now >= deadline:
                 timed_out = True
-                self._kill_processes()
+                self._kill_processes(eid)
                 deadline = now + KILL_GRACE_S
             elif timed_out and now >= deadline:
                 return True
@@ -261,12 +282,24 @@ class DockerSandbox(BaseSandbox):
                 out.feed(bytes(buf[8:8 + size]))
                 del buf[:8 + size]
 
-    def _kill_processes(self) -> None:
-        # Every process of the sandbox user except the container's init (pid 1): the timed-out
-        # command, its children, and whatever it left in the background. Repeated until none is left.
+    def _kill_processes(self, eid: str) -> None:
+        """Kill a timed-out command and what it started."""
+        if self.local:
+            # uid 1000: every process of the sandbox user (the command, its children, anything it
+            # left in the background or in a new session). Root's init and keeper survive.
+            cmd = ["sh", "-c", _KILL_ALL]
+        else:
+            # Root inside (R2E-Gym images): kill(-1) would take the container down; kill the
+            # command's process group instead (`timeout` leads its own group).
+            try:
+                pid = client().api.exec_inspect(eid).get("Pid") or 0
+                if pid > 0:
+                    os.killpg(pid, 9)
+                return
+            except Exception:
+                cmd = ["sh", "-c", "kill -9 -1"]
         try:
-            self.container.exec_run(["sh", "-c", "kill -9 -1; while kill -9 -1 2>/dev/null; do :; done; true"],
-                                    user=self.user)
+            self.container.exec_run(cmd, user=self.user)
         except Exception:
             self._discard = True
 
@@ -304,13 +337,12 @@ class DockerSandbox(BaseSandbox):
     def _reset(self) -> bool:
         """Make a used container as clean as a new one; False if that cannot be shown."""
         dirs = " ".join(WRITABLE)
-        # The kill loop ends only when kill(-1) finds no process left to signal. Not under
-        # `timeout`: kill(-1) would kill that wrapper too.
-        script = (f"while kill -9 -1 2>/dev/null; do :; done; "
+        # Not under `timeout`: kill(-1) would kill that wrapper too.
+        script = (f"{_KILL_ALL} && "
                   f"chmod -R u+rwX {dirs} 2>/dev/null; find {dirs} -mindepth 1 -delete 2>/dev/null; "
                   f"test -z \"$(find {dirs} -mindepth 1 2>/dev/null | head -n 1)\"")
         try:
-            r, _ = self._exec(["/bin/sh", "-c", script], 30, 4096, workdir="/", wrap=False)
+            r, _ = self._exec(["/bin/sh", "-c", script], 30, 4096, workdir="/", wrap=False, closing=True)
         except Exception:
             return False
         return r.exit_code == 0

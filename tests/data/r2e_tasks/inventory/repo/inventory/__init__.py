@@ -1,0 +1,3 @@
+from inventory.store import Inventory
+
+__all__ = ["Inventory"]

@@ -1,0 +1,126 @@
+"""The trainer as a flow launches it: a subprocess, 1 rank or 2 under torchrun (FSDP2, gloo).
+And the GPU path (NCCL, bf16), run only where CUDA is."""
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tasks.grpo import compute_advantages
+from tasks.policy import checkpoint as ckpt
+from safetensors.torch import load_file, save_file
+
+from tasks.policy.trainer import (
+    BadBatchError,
+    UpdateAborted,
+    grpo_update,
+    launch_grpo_update,
+    launch_sft,
+    policy_logprobs,
+    run_trainer,
+)
+from tests.test_policy_support import OFFSET, episode, make_policy_dir, reward_table, run_config, trajectory_rows
+
+EPISODES = [("Q: 1+1=", "2"), ("Q: 1+1=", "3"), ("Q: 1+1=", "two"), ("Q: 1+1=", "11"),
+            ("Q: 2+2=", "4"), ("Q: 2+2=", "5"), ("Q: 2+2=", "four!"), ("Q: 2+2=", "22")]
+REWARDS = [1, 0, 1, 0, 1, 0, 0, 1]
+
+
+def step_inputs(tmp_path, model_dir, cfg, step):
+    lps = policy_logprobs(ckpt.load_policy(model_dir), [episode(p, c)[0] for p, c in EPISODES])
+    traj = trajectory_rows(EPISODES, step=step, logprobs=lps)
+    adv = compute_advantages(traj, reward_table(traj, REWARDS), cfg.grpo)
+    pq.write_table(traj, tmp_path / f"traj{step}.parquet")
+    pq.write_table(adv, tmp_path / f"adv{step}.parquet")
+    (tmp_path / "run.json").write_text(cfg.model_dump_json())
+    return traj, adv
+
+
+def cli_args(tmp_path, model_dir, out, step):
+    return ["--model", str(model_dir), "--out", str(out), "--config", str(tmp_path / "run.json"),
+            "--trajectories", str(tmp_path / f"traj{step}.parquet"), "--advantages", str(tmp_path / f"adv{step}.parquet")]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_match_one_rank(tmp_path):
+    # 64-token micro-batches: one rank packs 2 micro-batches, each of two ranks 1 (different padding).
+    cfg = run_config(lr=1e-3, micro_batch_tokens=64)
+    v0 = make_policy_dir(tmp_path / "v0")
+    traj, adv = step_inputs(tmp_path, v0, cfg, 1)
+    grpo_update(v0, traj, adv, cfg, tmp_path / "v1")  # v1 carries AdamW state: the next step resumes it
+    traj, adv = step_inputs(tmp_path, tmp_path / "v1", cfg, 2)
+    one = grpo_update(tmp_path / "v1", traj, adv, cfg, tmp_path / "one")
+    two = run_trainer("grpo", cli_args(tmp_path, tmp_path / "v1", tmp_path / "two", 2), num_ranks=2, timeout=300)
+    assert two["world_size"] == 2 and two["optimizer_resumed"] and two["policy_version"] == 2
+    for k in ("loss", "grad_norm", "approx_entropy", "gen_kl_error", "sampling_importance_ratio"):
+        assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6), k
+    assert two["tokens"] == one["tokens"] and two["valid_tokens"] == one["valid_tokens"]
+    a = ckpt.load_policy(tmp_path / "one").state_dict()
+    b = ckpt.load_policy(tmp_path / "two").state_dict()
+    before = ckpt.load_policy(tmp_path / "v1").state_dict()
+    for k in a:
+        # 1% of one step (lr 1e-3); the weights moved by about lr.
+        assert (a[k] - b[k]).abs().max() < 1e-5, k
+    assert max((a[k] - before[k]).abs().max() for k in a) > 5e-4
+    sa = torch.load(tmp_path / "one" / ckpt.OPTIMIZER_FILE, weights_only=True)["state"]
+    sb = torch.load(tmp_path / "two" / ckpt.OPTIMIZER_FILE, weights_only=True)["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.allclose(sa[k]["exp_avg"], sb[k]["exp_avg"], rtol=1e-3, atol=1e-7), k
+
+
+@pytest.mark.slow
+def test_two_ranks_abort_together_on_nan(tmp_path):
+    cfg = run_config(micro_batch_tokens=64)
+    v0 = make_policy_dir(tmp_path / "v0", tie_word_embeddings=False)
+    step_inputs(tmp_path, v0, cfg, 1)
+    weights = load_file(str(v0 / "model.safetensors"))
+    weights["model.embed_tokens.weight"][ord("!") + OFFSET] = float("nan")  # only in "four!"
+    save_file(weights, str(v0 / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UpdateAborted, match=r"non-finite loss in micro-batch \d of \d .*g0-s1-6"):
+        run_trainer("grpo", cli_args(tmp_path, v0, tmp_path / "v1", 1), num_ranks=2, timeout=300)
+    assert not (tmp_path / "v1").exists()
+
+
+@pytest.mark.slow
+def test_sft_two_ranks(tmp_path):
+    cfg = run_config()
+    cfg.optimizer.num_ranks = 2
+    v0 = make_policy_dir(tmp_path / "base")
+    demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 3+3=", "6"), ("Q: 4+4=", "8")], group="demo")
+    pq.write_table(demos, tmp_path / "demos.parquet")
+    m = launch_sft(v0, tmp_path / "demos.parquet", cfg, tmp_path / "sft", max_steps=12, timeout=300)
+    assert m["world_size"] == 2 and m["steps"] == 12 and m["loss_last"] < m["loss_first"]
+    assert ckpt.read_policy_version(tmp_path / "sft") == 0
+
+
+def test_cli_one_rank_and_bad_input(tmp_path):
+    cfg = run_config()
+    v0 = make_policy_dir(tmp_path / "v0")
+    traj, adv = step_inputs(tmp_path, v0, cfg, 1)
+    m = launch_grpo_update(v0, tmp_path / "traj1.parquet", tmp_path / "adv1.parquet", cfg, tmp_path / "v1",
+                           timeout=300)
+    assert m["world_size"] == 1 and m["policy_version"] == 1 and (tmp_path / "v1" / "model.safetensors").exists()
+    pq.write_table(adv.slice(0, 6), tmp_path / "adv1.parquet")
+    with pytest.raises(BadBatchError, match=r"g0-s1-6, g0-s1-7"):
+        run_trainer("grpo", cli_args(tmp_path, v0, tmp_path / "v2", 1), num_ranks=1, timeout=300)
+    assert not (tmp_path / "v2").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_gpu_bf16_update(tmp_path, ranks):
+    if torch.cuda.device_count() < ranks:
+        pytest.skip(f"needs {ranks} GPUs")
+    cfg = run_config(lr=1e-3)
+    v0 = make_policy_dir(tmp_path / "v0")
+    traj, adv = step_inputs(tmp_path, v0, cfg, 1)
+    cpu = grpo_update(v0, traj, adv, cfg, tmp_path / "cpu", precision="fp32")  # CUDA visible: runs on GPU 0 in fp32
+    gpu = run_trainer("grpo", cli_args(tmp_path, v0, tmp_path / "gpu", 1) + ["--precision", "bf16"],
+                      num_ranks=ranks, timeout=300)
+    assert gpu["world_size"] == ranks
+    assert gpu["loss"] == pytest.approx(cpu["loss"], rel=5e-2, abs=5e-3)
+    assert gpu["grad_norm"] == pytest.approx(cpu["grad_norm"], rel=5e-2)
+    a = ckpt.load_policy(tmp_path / "gpu").state_dict()
+    before = ckpt.load_policy(v0).state_dict()
+    assert all(v.dtype == torch.float32 for v in a.values())  # fp32 master weights are what we save
+    assert max((a[k] - before[k]).abs().max() for k in a) > 5e-4

@@ -1,0 +1,220 @@
+"""The policy update in one process: learning direction, bad input, aborts, options, SFT."""
+
+import json
+
+import pyarrow as pa
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tasks.grpo import compute_advantages
+from tasks.grpo.advantages import JoinError
+from tasks.policy.checkpoint import OPTIMIZER_FILE, load_policy, read_policy_version
+from tasks.policy.trainer import (
+    BadBatchError,
+    UpdateAborted,
+    grpo_update,
+    plan_micro_batches,
+    policy_logprobs,
+    sft_train,
+)
+from tests.test_policy_support import (
+    OFFSET,
+    completion_logprob,
+    episode,
+    make_policy_dir,
+    reward_table,
+    run_config,
+    trajectory_rows,
+)
+
+PROMPT = "Q: 1+1="
+GROUP = [(PROMPT, "2")] * 4 + [(PROMPT, "3")] * 4
+
+
+def rollouts(model_dir, episodes, rewards, cfg, step=1, group="g0"):
+    """A step's trajectories (with the current policy's logprobs, as vLLM would report) and advantages."""
+    model = load_policy(model_dir)
+    lps = policy_logprobs(model, [episode(p, c)[0] for p, c in episodes])
+    traj = trajectory_rows(episodes, group=group, step=step, logprobs=lps)
+    return traj, compute_advantages(traj, reward_table(traj, rewards), cfg.grpo)
+
+
+@pytest.mark.parametrize("favoured,other", [("2", "3"), ("3", "2")])
+def test_grpo_moves_probability_toward_rewarded_completion(tmp_path, favoured, other):
+    cfg = run_config(lr=1e-3)
+    cur = make_policy_dir(tmp_path / "v0")
+    m0 = load_policy(cur)
+    before = completion_logprob(m0, PROMPT, favoured), completion_logprob(m0, PROMPT, other)
+    for step in range(1, 4):
+        rewards = [1.0 if c == favoured else 0.0 for _, c in GROUP]
+        traj, adv = rollouts(cur, GROUP, rewards, cfg, step=step)
+        metrics = grpo_update(cur, traj, adv, cfg, tmp_path / f"v{step}")
+        assert metrics["policy_version"] == step and metrics["optimizer_resumed"] == (step > 1)
+        assert metrics["is_oob_ratio"] == 0.0  # logprobs came from this very policy
+        cur = tmp_path / f"v{step}"
+    m = load_policy(cur)
+    after = completion_logprob(m, PROMPT, favoured), completion_logprob(m, PROMPT, other)
+    assert after[0] > before[0] + 0.5, (before, after)
+    assert after[1] < before[1] - 0.5, (before, after)
+
+
+def test_metrics_and_router_frozen(tmp_path):
+    cfg = run_config()
+    src = make_policy_dir(tmp_path / "v0")
+    traj, adv = rollouts(src, GROUP, [1, 0, 1, 0, 1, 0, 1, 1], cfg)
+    m = grpo_update(src, traj, adv, cfg, tmp_path / "v1")
+    for k in ("loss", "clip_fraction_low", "clip_fraction_high", "kl_penalty", "is_oob_ratio", "grad_norm",
+              "tokens", "valid_tokens", "seconds", "tokens_per_second", "approx_entropy", "sampling_importance_ratio"):
+        assert k in m, k
+    assert m["tokens"] == sum(len(episode(p, c)[0]) - 1 for p, c in GROUP)
+    assert m["valid_tokens"] == sum(sum(episode(p, c)[1]) for p, c in GROUP)
+    assert m["probs_ratio"] == pytest.approx(1.0) and m["num_valid_samples"] == 8
+    a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "v1" / "model.safetensors"))
+    gates = [k for k in a if ".mlp.gate." in k]
+    assert gates and all(torch.equal(a[k], b[k]) for k in gates)
+    assert not torch.equal(a["model.layers.0.self_attn.q_proj.weight"], b["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_two_optimizer_steps_use_prev_logprobs(tmp_path):
+    cfg = run_config(lr=3e-3)
+    src = make_policy_dir(tmp_path / "v0")
+    traj, adv = rollouts(src, GROUP, [1, 1, 1, 1, 0, 0, 0, 0], cfg)
+    m = grpo_update(src, traj, adv, cfg, tmp_path / "v1", optimizer_steps=2)
+    assert m["optimizer_steps"] == 2 and len(m["per_step"]) == 2
+    first, second = m["per_step"]
+    assert first["probs_ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["probs_ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    # The second mini-batch is scored by the policy after the first step against pi_prev from before it.
+    assert abs(second["probs_ratio_max"] - 1.0) > 1e-3 or abs(second["probs_ratio_min"] - 1.0) > 1e-3
+
+
+def test_kl_penalty_against_reference(tmp_path):
+    cfg = run_config(reference_policy_kl_penalty=0.05)
+    src = make_policy_dir(tmp_path / "v0")
+    traj, adv = rollouts(src, GROUP, [1, 0, 0, 0, 1, 0, 0, 0], cfg)
+    with pytest.raises(ValueError, match="reference"):
+        grpo_update(src, traj, adv, cfg, tmp_path / "nope")
+    m1 = grpo_update(src, traj, adv, cfg, tmp_path / "v1", reference_dir=src)
+    assert m1["kl_penalty"] == pytest.approx(0.0, abs=1e-7)  # the policy is the reference
+    traj, adv = rollouts(tmp_path / "v1", GROUP, [1, 0, 0, 0, 1, 0, 0, 0], cfg, step=2)
+    m2 = grpo_update(tmp_path / "v1", traj, adv, cfg, tmp_path / "v2", reference_dir=src)
+    assert m2["kl_penalty"] > 0
+
+
+def test_masked_samples_are_left_out(tmp_path):
+    cfg = run_config()
+    src = make_policy_dir(tmp_path / "v0")
+    traj, adv = rollouts(src, GROUP, [1, 0, 1, 0, 1, 0, 1, 1], cfg)
+    masked = adv.set_column(adv.schema.get_field_index("masked"), "masked",
+                            pa.array([True] * 3 + [False] * 5))
+    masked = masked.set_column(masked.schema.get_field_index("mask_reason"), "mask_reason",
+                               pa.array(["timeout"] * 3 + [None] * 5))
+    m = grpo_update(src, traj, masked, cfg, tmp_path / "v1")
+    assert m["num_masked_samples"] == 3 and m["num_valid_samples"] == 5
+    everything = masked.set_column(masked.schema.get_field_index("masked"), "masked",
+                                   pa.array([True] * 8))
+    m = grpo_update(src, traj, everything, cfg, tmp_path / "v2")
+    assert m["skipped"] and m["num_masked_samples"] == 8
+    a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "v2" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert read_policy_version(tmp_path / "v2") == 1
+
+
+def _rows(traj):
+    return traj.to_pylist()
+
+
+def test_bad_input_names_rollouts_and_writes_nothing(tmp_path):
+    cfg = run_config()
+    src = make_policy_dir(tmp_path / "v0")
+    traj, adv = rollouts(src, GROUP, [1, 0, 1, 0, 1, 0, 1, 1], cfg)
+    out = tmp_path / "v1"
+
+    rows = _rows(traj)
+    rows[2]["loss_mask"] = rows[2]["loss_mask"][:-1]
+    with pytest.raises(BadBatchError, match=r"differ in length.*g0-s1-2"):
+        grpo_update(src, rows, adv, cfg, out)
+
+    rows = _rows(traj)
+    rows[5]["generation_logprobs"][-1] = float("nan")
+    rows[6]["generation_logprobs"][-2] = float("inf")
+    with pytest.raises(BadBatchError, match=r"not finite.*g0-s1-5, g0-s1-6"):
+        grpo_update(src, rows, adv, cfg, out)
+
+    rows = _rows(traj)
+    rows[1]["token_ids"][3] = 10_000
+    with pytest.raises(BadBatchError, match=r"outside the vocabulary.*g0-s1-1"):
+        grpo_update(src, rows, adv, cfg, out)
+
+    with pytest.raises(JoinError, match=r"g0-s1-7"):
+        grpo_update(src, traj, adv.slice(0, 7), cfg, out)
+    adv_rows = adv.to_pylist()
+    adv_rows[0]["rollout_id"] = "stranger"
+    with pytest.raises(JoinError, match=r"stranger"):
+        grpo_update(src, traj, adv_rows, cfg, out)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["v0"]
+
+
+def test_nan_loss_aborts_naming_the_micro_batch(tmp_path):
+    cfg = run_config(micro_batch_tokens=64)  # one ~40-token sample per micro-batch
+    src = make_policy_dir(tmp_path / "v0", tie_word_embeddings=False)
+    prompt = "Q: what is one plus one? answer="
+    episodes = [(prompt, "22"), (prompt, "33"), (prompt, "4"), (prompt, "5")]
+    traj, adv = rollouts(src, episodes, [1, 0, 1, 0], cfg)
+    # Poison the input embedding of "5": only the shortest sample, the last micro-batch, sees it.
+    weights = load_file(str(src / "model.safetensors"))
+    weights["model.embed_tokens.weight"][ord("5") + OFFSET] = float("nan")
+    save_file(weights, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UpdateAborted, match=r"non-finite loss in micro-batch 3 of 4 \(rank 0: g0-s1-3\)"):
+        grpo_update(src, traj, adv, cfg, tmp_path / "v1")
+    assert not (tmp_path / "v1").exists()
+
+
+def test_plan_micro_batches_covers_everything_once():
+    lengths = [50, 10, 30, 30, 70, 5, 5, 20, 90]
+    for world in (1, 2, 3):
+        plan = plan_micro_batches(lengths, world, token_budget=100)
+        assert all(len(step) == world for step in plan)
+        seen = sorted(i for step in plan for mb in step for i in mb)
+        assert seen == list(range(len(lengths)))
+        for step in plan:
+            for mb in step:
+                if len(mb) > 1:
+                    assert len(mb) * max(lengths[i] for i in mb) <= 100
+
+
+def test_sft_learns_demonstrations(tmp_path):
+    cfg = run_config()
+    src = make_policy_dir(tmp_path / "base")
+    demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 3+3=", "6"), ("Q: 4+4=", "8")], group="demo")
+    before = completion_logprob(load_policy(src), "Q: 2+2=", "4")
+    m = sft_train(src, demos, cfg, tmp_path / "sft", max_steps=25)
+    assert m["steps"] == 25 and m["loss_last"] < m["loss_first"] / 3
+    after = completion_logprob(load_policy(tmp_path / "sft"), "Q: 2+2=", "4")
+    assert after > before + 3
+    assert read_policy_version(tmp_path / "sft") == 0
+    assert (tmp_path / "sft" / "tokenizer_config.json").exists()
+    assert not (tmp_path / "sft" / OPTIMIZER_FILE).exists()
+    assert json.loads((tmp_path / "sft" / "rlvr_version.json").read_text())["mode"] == "sft"
+
+
+def test_nan_gradient_aborts_naming_the_micro_batch(tmp_path, monkeypatch):
+    from tasks.policy import trainer
+
+    cfg = run_config(micro_batch_tokens=64)
+    src = make_policy_dir(tmp_path / "v0")
+    prompt = "Q: what is one plus one? answer="
+    traj, adv = rollouts(src, [(prompt, "22"), (prompt, "333"), (prompt, "4")], [1, 0, 1], cfg)
+    real, calls = trainer.token_logprobs, []
+
+    def poisoned(model, mb, rt):  # finite loss, NaN gradient from the second micro-batch
+        lp = real(model, mb, rt)
+        calls.append(mb.indices)
+        if len(calls) == 2:
+            lp.register_hook(lambda g: g * float("nan"))
+        return lp
+
+    monkeypatch.setattr(trainer, "token_logprobs", poisoned)
+    with pytest.raises(UpdateAborted, match=r"non-finite gradient in micro-batch 1 of 3 \(rank 0: g0-s1-0\)"):
+        grpo_update(src, traj, adv, cfg, tmp_path / "v1")
+    assert not (tmp_path / "v1").exists()
