@@ -94,7 +94,9 @@ HOSTILE = {
     "write_outside": ("import glob\nfor _p in ['/etc/passwd', '/usr/lib/python3/dist-packages/pwned.pth', '/pwned',\n"
                       "           '/root/r2e_tests/test_1.py', '/root/run_tests.sh', '/tmp/pwned']:\n"
                       "    try:\n        open(_p, 'a').write('pwned')\n    except OSError:\n        pass\n"),
-    "print_100mb": "import sys\nsys.stdout.write('x' * (100 * 1024 * 1024))\n",
+    # Printed inside a test call: pytest shows that output in its report (import-time output it drops).
+    "print_100mb": ("_add = add\n\n\ndef add(a, b):\n    import sys\n"
+                    "    sys.stdout.write('x' * (100 * 1024 * 1024))\n    return _add(a, b)\n"),
 }
 
 
@@ -115,10 +117,14 @@ def test_hostile_patch_is_contained(sandbox_backend, r2e_tasks, sandbox_store, k
     task = r2e_tasks["calc"]
     before = _host_fingerprint(sandbox_store, task["row"])
     t0 = time.monotonic()
+    # Room for pytest to hold 100 MB of captured output: that case is about the output cap.
+    memory = 1536 if kind == "print_100mb" else 256
+    # Short for the cases that can only end by the clock; generous for the rest (a loaded machine).
+    timeout = 4 if kind in ("fork_bomb", "loop_forever") else 30
     res = grade(sandbox_backend, task, calc_patch(HOSTILE[kind]), sandbox_store,
-                memory_mb=256, pids_limit=64, test_timeout_s=4, command_timeout_s=10)
+                memory_mb=memory, pids_limit=64, test_timeout_s=timeout, command_timeout_s=10)
     assert (res.grading_status, res.reward, res.patch_applied) == ("graded", 0.0, True), res.error
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 45
     if kind in ("fork_bomb", "loop_forever"):
         assert res.error.startswith("tests timed out")
     if kind == "print_100mb":
@@ -131,7 +137,8 @@ def test_hostile_patch_is_contained(sandbox_backend, r2e_tasks, sandbox_store, k
 def test_huge_output_still_grades_from_the_summary_at_the_end(sandbox_backend, r2e_tasks, sandbox_store):
     # The gold fix plus 100 MB of noise: the capped log keeps pytest's summary, so reward 1.
     task = r2e_tasks["calc"]
-    res = grade(sandbox_backend, task, calc_patch(HOSTILE["print_100mb"], fix=True), sandbox_store)
+    res = grade(sandbox_backend, task, calc_patch(HOSTILE["print_100mb"], fix=True), sandbox_store,
+                memory_mb=1536)
     assert res.reward == 1.0 and "bytes omitted" in res.test_output
 
 
@@ -196,7 +203,7 @@ def _fake_open(monkeypatch, behaviours):
 def _ok_script(cmd):
     from tasks.sandbox import CommandResult
 
-    out = ("short test summary info\nPASSED r2e_tests/test_1.py::test_a\n" if "run_tests" in cmd else "")
+    out = ("short test summary info\nPASSED r2e_tests/test_1.py::test_a\n" if cmd.startswith("bash ") else "")
     return CommandResult(exit_code=0, output=out, timed_out=False, seconds=0.01)
 
 
@@ -227,12 +234,12 @@ def test_setup_timeout_and_harness_kill_are_infra_errors(monkeypatch):
     from tasks.sandbox import CommandResult
 
     def apply_times_out(cmd):
-        if cmd.startswith("git apply"):
+        if "git apply" in cmd:
             return CommandResult(exit_code=None, output="", timed_out=True, seconds=30)
         return _ok_script(cmd)
 
     def placing_killed(cmd):
-        if cmd.startswith("rm -rf r2e_tests"):
+        if "rm -rf r2e_tests" in cmd:
             return CommandResult(exit_code=137, output="Killed", timed_out=False, seconds=0.1)
         return _ok_script(cmd)
 
@@ -247,7 +254,7 @@ def test_test_timeout_is_a_legitimate_zero(monkeypatch):
     from tasks.sandbox import CommandResult
 
     def tests_hang(cmd):
-        if "run_tests" in cmd:
+        if cmd.startswith("bash "):
             return CommandResult(exit_code=None, output="short test summary info\nPASSED x::test_a\n",
                                  timed_out=True, seconds=300)
         return _ok_script(cmd)

@@ -93,6 +93,7 @@ def test_sft_two_ranks(tmp_path):
     assert ckpt.read_policy_version(tmp_path / "sft") == 0
 
 
+@pytest.mark.slow  # two subprocess launches: ~20-35 s on 2 busy cores
 def test_cli_one_rank_and_bad_input(tmp_path):
     cfg = run_config()
     v0 = make_policy_dir(tmp_path / "v0")

@@ -134,57 +134,40 @@ def _precheck(row: dict) -> tuple[str | None, str | None]:
     return patch, None
 
 
-def verify_tasks(rows: list[dict], store, sandbox_cfg, workers: int | None = None) -> None:
+def verify_tasks(rows: list[dict], store, sandbox_cfg) -> None:
     """Grade the gold patch (must score 1) and the empty patch (must score 0) of every row in a sandbox.
 
-    Runs on tasks.grading's `grade_patch` with `sandbox_cfg.concurrency` gradings in flight.
-    Raises DatasetVerificationError naming every failing instance.
+    Uses tasks.grading's pool (`grade_rollouts`, `sandbox_cfg.concurrency` sandboxes at once),
+    so a task is verified exactly as a rollout is graded. Raises DatasetVerificationError
+    naming every failing instance and why.
     """
-    from tasks.grading import grade_patch  # the sandbox engineer's module
+    from tasks.grading import grade_rollouts  # the sandbox engineer's module; needs the sandbox image
 
     failures: dict[str, str] = {}
-    jobs = []
+    gold_items, empty_items = [], []
     for row in rows:
         patch, why = _precheck(row)
         if why:
             failures[row["instance_id"]] = why
-        else:
-            jobs.append((row, patch))
-
-    def check(job):
-        row, patch = job
-        gold = grade_patch(row, patch, sandbox_cfg, store)
-        if _reward(gold) != 1:
-            return row["instance_id"], f"gold patch scored {_describe(gold)}"
-        empty = grade_patch(row, "", sandbox_cfg, store)
-        if _reward(empty) != 0 or _status(empty) != "graded":
-            return row["instance_id"], f"empty patch scored {_describe(empty)}"
-        return row["instance_id"], None
-
-    n = workers or getattr(sandbox_cfg, "concurrency", None) or os.cpu_count() or 2
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        for iid, why in pool.map(check, jobs):
-            if why:
-                failures[iid] = why
+            continue
+        gold_items.append((f"verify-gold/{row['instance_id']}", "dataset-verify", 0, row, patch))
+        empty_items.append((f"verify-empty/{row['instance_id']}", "dataset-verify", 0, row, ""))
+    for items, want in ((gold_items, 1.0), (empty_items, 0.0)):
+        if not items:
+            continue
+        for r in grade_rollouts(items, sandbox_cfg, store).to_pylist():
+            if r["grading_status"] == "graded" and r["reward"] == want:
+                continue
+            kind = "gold" if want == 1.0 else "empty"
+            if r["grading_status"] != "graded":
+                why = f"{kind} patch could not be graded: {r['error']}"
+            elif not r["patch_applied"]:
+                why = f"{kind} patch does not apply: {r['error']}"
+            else:
+                why = f"{kind} patch scored {r['reward']} (test statuses {r['test_statuses']})"
+            failures.setdefault(r["instance_id"], why)
     if failures:
         raise DatasetVerificationError(failures, len(rows))
-
-
-def _reward(result):
-    return getattr(result, "reward", None) if not isinstance(result, dict) else result.get("reward")
-
-
-def _status(result):
-    return (getattr(result, "status", None) if not isinstance(result, dict) else result.get("status")) or "graded"
-
-
-def _describe(result) -> str:
-    get = (lambda k: result.get(k)) if isinstance(result, dict) else (lambda k: getattr(result, k, None))
-    parts = [f"reward={get('reward')!r}", f"status={get('status')!r}"]
-    for k in ("error", "patch_applied", "test_statuses"):
-        if get(k) not in (None, ""):
-            parts.append(f"{k}={get(k)!r}")
-    return ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------- local check (no sandbox)

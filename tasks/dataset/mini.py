@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import difflib
 import hashlib
+import itertools
 import json
 import random
 import string
@@ -80,8 +81,11 @@ class Rendered:
         return self.tpl.imports
 
 
-def _render(tpl: Template, rng: random.Random, taken: set[str]) -> Rendered | None:
+def _render(tpl: Template, rng: random.Random, taken: set[str], prefer: set[str] = frozenset(),
+            consts: dict | None = None) -> Rendered | None:
     names = [n for n in tpl.fn if n not in taken]
+    if set(names) & prefer:
+        names = [n for n in names if n in prefer]
     if not names:
         return None
     mapping = {"fn": rng.choice(names)}
@@ -90,7 +94,8 @@ def _render(tpl: Template, rng: random.Random, taken: set[str]) -> Rendered | No
     chosen = list(mapping.values())
     if len(set(chosen)) != len(chosen):  # two slots drew the same name
         return None
-    consts = {k: rng.choice(v) for k, v in tpl.consts.items()}
+    if consts is None:
+        consts = {k: rng.choice(v) for k, v in tpl.consts.items()}
     mapping.update({k: str(v) for k, v in consts.items()})
     for ident in string.Template(tpl.src).get_identifiers():  # a slot without a pool keeps its own name
         mapping.setdefault(ident, ident)
@@ -99,8 +104,21 @@ def _render(tpl: Template, rng: random.Random, taken: set[str]) -> Rendered | No
     return Rendered(tpl, mapping["fn"], mapping, src)
 
 
+def _merge_imports(lines) -> list[str]:
+    """One `from X import a, b` line per module (functions bring their own import lines)."""
+    names: dict[str, set] = {}
+    plain = set()
+    for ln in lines:
+        if ln.startswith("from "):
+            mod, _, what = ln[5:].partition(" import ")
+            names.setdefault(mod, set()).update(w.strip() for w in what.split(","))
+        else:
+            plain.add(ln)
+    return sorted(plain) + [f"from {m} import {', '.join(sorted(ns))}" for m, ns in sorted(names.items())]
+
+
 def _module_text(package: str, module: str, funcs: list[Rendered]) -> str:
-    imports = sorted({i for f in funcs for i in f.imports})
+    imports = _merge_imports({i for f in funcs for i in f.imports})
     head = f'"""{MODULE_DOCS[(package, module)]}"""\n'
     if imports:
         head += "\n" + "\n".join(imports) + "\n"
@@ -198,7 +216,9 @@ def _problem_statement(rng: random.Random, level: int, r: Rendered, path: str, i
                             f"Unexpected behaviour when I {r.tpl.summary}",
                             f"Cannot {r.tpl.summary} correctly"])
         intro = rng.choice(["Steps to reproduce:", "I ran into this:", "Reproduction:"])
-    repro = f">>> from {import_path} import {fn}\n>>> {call}\n{_shown(actual)}"
+    # The REPL prints nothing for None: show it the way a user would.
+    shown_call = f"print({call})" if actual == ("value", None) else call
+    repro = f">>> from {import_path} import {fn}\n>>> {shown_call}\n{_shown(actual)}"
     return f"{title}\n\n{intro}\n\n{repro}\n\n{expect}\n"
 
 
@@ -331,8 +351,9 @@ def _changed(a: str, b: str) -> list[str]:
     return [ln for tag, _i1, _i2, j1, j2 in sm.get_opcodes() if tag != "equal" for ln in b.splitlines()[j1:j2]]
 
 
-def _candidate(tpl: Template, bug_index: int, rng: random.Random, level: int) -> _Candidate | None:
-    r = _render(tpl, rng, set())
+def _candidate(tpl: Template, bug_index: int, rng: random.Random, level: int,
+               prefer: set[str] = frozenset(), consts: dict | None = None) -> _Candidate | None:
+    r = _render(tpl, rng, set(), prefer, consts)
     if r is None:
         return None
     bug = tpl.bugs[bug_index]
@@ -517,6 +538,49 @@ def _level(rng: random.Random, d: float) -> int:
     return rng.choices((0, 1, 2), weights=((1 - d) ** 2, 2 * d * (1 - d), d * d))[0]
 
 
+def _const_combos(tpl: Template) -> list[dict]:
+    keys = sorted(tpl.consts)
+    return [dict(zip(keys, vals)) for vals in itertools.product(*(tpl.consts[k] for k in keys))]
+
+
+def _plan(rng: random.Random, val_fraction: float) -> dict:
+    """(split, family) -> {(template index, bug site): [constants...]}: which bug sites each split draws from.
+
+    A bug site with given constants (a "group") belongs to one split, so a validation task
+    always differs from every training task by more than its names. Per family, about
+    `val_fraction` of the groups (at least 4) go to validation; no template is left
+    without training groups (a function body never trained on is not what validation tests).
+    """
+    groups = [(b.family, t, i, c) for t, tpl in enumerate(TEMPLATES) for i, b in enumerate(tpl.bugs)
+              for c in _const_combos(tpl)]
+    split_of = {}
+    for family in FAMILIES:
+        per_tpl: dict[int, list] = {}
+        for g in groups:
+            if g[0] == family:
+                per_tpl.setdefault(g[1], []).append(g)
+        for gs in per_tpl.values():
+            rng.shuffle(gs)
+        order = list(per_tpl)
+        rng.shuffle(order)
+        # Round-robin over the functions, so validation sees many functions of the family
+        # rather than all the constant variants of a few.
+        fam = [gs[k] for k in range(max(map(len, per_tpl.values()))) for t in order
+               for gs in [per_tpl[t]] if k < len(gs)]
+        n_val = min(len(fam) - 1, max(4, round(len(fam) * val_fraction)))
+        for k, g in enumerate(fam):
+            split_of[id(g)] = "validation" if k < n_val else "train"
+    for t in range(len(TEMPLATES)):
+        mine = [g for g in groups if g[1] == t]
+        if all(split_of[id(g)] == "validation" for g in mine):
+            split_of[id(rng.choice(mine))] = "train"
+    plan: dict = {}
+    for g in groups:
+        family, t, i, c = g
+        plan.setdefault((split_of[id(g)], family), {}).setdefault((t, i), []).append(c)
+    return plan
+
+
 def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int = 400) -> list[MiniTask]:
     """All tasks of the mini benchmark for a DatasetConfig (seed, num_train, num_validation, difficulty)."""
     rng = random.Random(f"{GENERATOR_VERSION}:{cfg.seed}")
@@ -524,13 +588,29 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
     slots = [(s, f) for s, n in (("train", cfg.num_train), ("validation", cfg.num_validation))
              for f, q in _quotas(n, weights).items() for _ in range(q)]
     rng.shuffle(slots)
-    sites = _sites_by_family()
+    plan = _plan(rng, cfg.num_validation / (cfg.num_train + cfg.num_validation))
     owner: dict = {}  # leakage key -> split
+    used = {"train": {}, "validation": {}}  # split -> template key -> function names of its tasks
+    per_template = [0] * len(TEMPLATES)  # training tasks so far
     tasks: list[MiniTask] = []
     for split, family in slots:
-        for _attempt in range(max_attempts_per_task):
-            tpl, bug_index = rng.choice(sites[family])
-            c = _candidate(tpl, bug_index, rng, _level(rng, cfg.difficulty))
+        sites = list(plan[(split, family)].items())
+        # Training spreads over the functions (few tasks of a function -> many of another would leave
+        # validation tasks of the first with little to learn from).
+        site_weights = [1.0 / (1 + per_template[t]) if split == "train" else 1.0 for (t, _i), _c in sites]
+        for attempt in range(max_attempts_per_task):
+            (t, bug_index), combos = rng.choices(sites, site_weights)[0]
+            tpl = TEMPLATES[t]
+            # Keep function names shared: validation reuses names training has used for this
+            # function; training picks up any name only validation has so far.
+            seen_train = used["train"].get(tpl.key, set())
+            if attempt >= max_attempts_per_task // 2:  # a crowded family: any name will do
+                prefer = set()
+            elif split == "validation":
+                prefer = seen_train
+            else:
+                prefer = used["validation"].get(tpl.key, set()) - seen_train
+            c = _candidate(tpl, bug_index, rng, _level(rng, cfg.difficulty), prefer, rng.choice(combos))
             if c is None:
                 continue
             # body/issue keys must be new everywhere (no duplicate instances);
@@ -541,6 +621,8 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
                 continue
             for k in c.keys:
                 owner[k] = split
+            used[split].setdefault(tpl.key, set()).add(c.target.name)
+            per_template[t] += split == "train"
             tasks.append(_assemble(c, rng, cfg.difficulty, docker_image, split))
             break
         else:

@@ -245,7 +245,8 @@ def $fn($text, $small=("a", "an", "of", "the")):
       (B("wrong_comparison", "if $i > 0 and", "if $i >= 0 and"),
        B("inverted_condition", "and $word in $small:", "and $word not in $small:"),
        B("wrong_function", "$out.append($word.capitalize())", "$out.append($word.upper())"),
-       B("wrong_constant", 'return " ".join($out)', 'return "-".join($out)')),
+       B("wrong_constant", 'return " ".join($out)', 'return "-".join($out)'),
+       B("wrong_accumulator_init", "$out = []", '$out = [""]')),
       [("the lord of the rings",), ("a tale",), ("HELLO",), ("",), ("war and peace",), ("an idea of march", ())],
       "title-case a heading",
       names={"text": TEXT, "small": ("small", "minor", "skip"), "words": ("words", "parts", "tokens"),
@@ -687,7 +688,8 @@ def $fn($attempts, $base=$b, $cap=$c):
       (B("wrong_function", "append(min($cap", "append(max($cap"),
        B("off_by_one", "range($attempts)", "range($attempts - 1)"),
        B("wrong_default", "$cap=$c", "$cap=1000"),
-       B("wrong_constant", "$base * 2 ** $n", "$base * 3 ** $n")),
+       B("wrong_constant", "$base * 2 ** $n", "$base * 3 ** $n"),
+       B("wrong_accumulator_init", "$delays = []", "$delays = [0]")),
       [(3,), (0,), (8,), (4, 1, 5), (1,)],
       "compute retry back-off delays",
       names={"attempts": ("attempts", "retries", "tries"), "base": ("base", "initial", "first"),
@@ -738,6 +740,7 @@ def $fn($queues):
     return $order
 ''',
       (B("wrong_comparison", "if $i < len($q):", "if $i <= len($q):"),
+       B("wrong_accumulator_init", "$order = []", "$order = [None]"),
        B("wrong_function", "$longest = max(", "$longest = min("),
        B("off_by_one", "range($longest)", "range($longest - 1)")),
       [([[1, 2, 3], ["a"]],), ([],), ([[1], [2], [3]],), ([["x", "y"], []],)],
@@ -794,6 +797,26 @@ def $fn($inches):
       [(75,), (0,), (11,), (-3,), (12,)],
       "split inches into feet and inches",
       names={"inches": ("inches", "length", "total")}),
+
+    T("unitconv", "length", ("route_length", "total_distance", "path_length"),
+      '''
+def $fn($segments):
+    """Total length in meters of (value, unit) segments; unit is 'm' or 'km'."""
+    $total = 0
+    for $value, $unit in $segments:
+        if $unit == "km":
+            $total += $value * 1000
+        else:
+            $total += $value
+    return $total
+''',
+      (B("wrong_accumulator_init", "$total = 0", "$total = 1"),
+       B("wrong_constant", "$value * 1000", "$value * 100"),
+       B("inverted_condition", 'if $unit == "km":', 'if $unit != "km":')),
+      [([(2, "km"), (300, "m")],), ([],), ([(5, "m")],), ([(1.5, "km")],), ([(0, "km"), (0, "m")],)],
+      "add up the length of a route",
+      names={"segments": ("segments", "legs", "parts"), "total": TOTAL, "value": ("value", "amount", "length"),
+             "unit": ("unit", "units")}),
 
     T("unitconv", "temperature", ("c_to_f", "celsius_to_fahrenheit", "to_fahrenheit"),
       '''
@@ -1044,6 +1067,29 @@ def $fn($values):
       [([3, 9, 4],), ([],), ([5],), ([-2, 2],)],
       "compute the spread of values",
       names={"values": VALUES}),
+
+    T("gradebook", "stats", ("weighted_mean", "weighted_average", "mean_weighted"),
+      '''
+def $fn($values, $weights):
+    """Mean of $values weighted by $weights; None when the weights sum to 0."""
+    $total = 0.0
+    $weight_sum = 0.0
+    for $v, $w in zip($values, $weights):
+        $total += $v * $w
+        $weight_sum += $w
+    if $weight_sum == 0:
+        return None
+    return round($total / $weight_sum, 3)
+''',
+      (B("wrong_accumulator_init", "$total = 0.0", "$total = 1.0"),
+       B("wrong_accumulator_init", "$weight_sum = 0.0", "$weight_sum = 1.0"),
+       B("missing_edge_case", "    if $weight_sum == 0:\n        return None\n", ""),
+       B("wrong_operator", "$total += $v * $w", "$total += $v + $w"),
+       B("wrong_return_value", "return None", "return 0.0")),
+      [([80, 90], [1, 3]), ([], []), ([5, 7], [0, 0]), ([2.5], [2]), ([1, 2, 3], [1, 1, 1])],
+      "compute a weighted average",
+      names={"values": VALUES, "weights": ("weights", "counts", "w_list"), "total": TOTAL,
+             "weight_sum": ("weight_sum", "denom", "wsum"), "v": ("v", "x", "val"), "w": ("w", "k", "wt")}),
 
     T("gradebook", "grades", ("letter_grade", "grade_for", "to_letter"),
       '''

@@ -27,12 +27,15 @@ import pyarrow as pa
 
 from schemas.tables import REWARDS
 from tasks.grading.r2e import clean_test_output, parse_log_pytest, r2e_reward
-from tasks.sandbox import EnvironmentSpecError, SandboxInfraError, close_all, open_sandbox
+from tasks.sandbox import EnvironmentSpecError, SandboxInfraError, close_all, open_sandbox, reap_stale
 
-PATCH_PATH = "/tmp/rlvr-rollout.patch"
 PROTECTED = ("r2e_tests", "run_tests.sh", ".venv")
-# After the patch: the hidden tests replace whatever /testbed has under their names.
+# One sandbox command for the set-up: R2E-Gym's `git apply --whitespace=fix` (the patch on
+# stdin: same semantics as a file, one process less), then the hidden tests replace whatever
+# /testbed has under their names. Exit 97 = the patch did not apply, with git's message.
+APPLY = 'out=$(git apply --whitespace=fix - 2>&1) || { printf "%s" "$out"; exit 97; }'
 PLACE_TESTS = "rm -rf r2e_tests run_tests.sh && ln -s /root/r2e_tests r2e_tests"
+PATCH_REJECTED = 97
 MAX_ERROR_CHARS = 4000
 
 
@@ -124,17 +127,17 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
     t0 = time.monotonic()
     with open_sandbox(task_row, cfg, store, mode="grading") as sb:
         res.sandbox_start_seconds = time.monotonic() - t0
-        if to_apply.strip():
-            sb.write_file(PATCH_PATH, to_apply)
-            r = sb.run(f"git apply --whitespace=fix {PATCH_PATH}", timeout=cfg.command_timeout_s)
-            if r.timed_out:
-                raise SandboxInfraError(f"set-up timeout: git apply ran past {cfg.command_timeout_s:g}s")
-            if r.exit_code != 0:
-                raise _PatchRejected(r.output.strip() or f"git apply exited {r.exit_code}")
+        # An empty patch applies trivially (git apply itself rejects empty input).
+        patch_in = to_apply if to_apply.strip() else ""
+        setup = f"{APPLY}; {PLACE_TESTS}" if patch_in else PLACE_TESTS
+        r = sb.run(setup, timeout=cfg.command_timeout_s, stdin=patch_in or None)
+        if r.timed_out:
+            raise SandboxInfraError(f"set-up timeout: git apply / placing tests ran past {cfg.command_timeout_s:g}s")
+        if r.exit_code == PATCH_REJECTED:
+            raise _PatchRejected(r.output.strip() or "git apply failed")
+        if r.exit_code != 0:
+            raise SandboxInfraError(f"set-up failed (exit {r.exit_code}): {r.output.strip()[:500]}")
         res.patch_applied = True
-        r = sb.run(PLACE_TESTS, timeout=cfg.command_timeout_s)
-        if not r.ok:
-            raise SandboxInfraError(f"set-up failed: placing the hidden tests: {r.output.strip()[:500]}")
         r = sb.run("bash /root/run_tests.sh", timeout=cfg.test_timeout_s,
                    output_cap=getattr(cfg, "test_output_cap_bytes", 8 * 1024 * 1024))
         res.test_seconds = r.seconds
@@ -177,10 +180,26 @@ def grade_patch(task_row: dict, patch: str, cfg, store, cancel: threading.Event 
 
 
 # -- a batch --------------------------------------------------------------------------------
+_reaped = False
+
+
+def _reap_once(cfg) -> None:
+    # A grading process killed outright (SIGKILL, OOM) leaves containers and cgroups behind;
+    # the next process that grades removes them (only those whose owner process is gone).
+    global _reaped
+    if not _reaped:
+        _reaped = True
+        try:
+            reap_stale(docker=cfg.backend == "docker")
+        except Exception:
+            pass
+
+
 def grade_rollouts(items, cfg, store) -> pa.Table:
     """Grade (rollout_id, run_id, step, task_row, patch) items with at most cfg.concurrency
     sandboxes at once; returns a validated REWARDS table in the items' order."""
     items = list(items)
+    _reap_once(cfg)
     cancel = threading.Event()
     pool = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency), thread_name_prefix="grade")
     try:

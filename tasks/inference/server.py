@@ -149,6 +149,7 @@ class VLLMServer:
         self.log_dir = pathlib.Path(log_dir) if log_dir else pathlib.Path(tempfile.gettempdir()) / "rlvr-vllm"
         self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None  # of the last process started (also its process group id)
         self.log_path: pathlib.Path | None = None
 
     @property
@@ -172,6 +173,7 @@ class VLLMServer:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=str(self.log_dir), start_new_session=True,
             )
+        self.pid = self.proc.pid
         _live.add(self)
         try:
             self._wait_ready()

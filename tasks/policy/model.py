@@ -96,6 +96,10 @@ def build_hf_config(cfg: ModelConfig, tokenizer):
             linear_value_head_dim=128,
             linear_num_key_heads=max(1, cfg.num_kv_heads // 2),
             linear_num_value_heads=max(1, cfg.num_kv_heads),
+            # Full attention every 4th layer and always in the last one (a model
+            # with no full-attention layer breaks transformers' cache).
+            layer_types=["full_attention" if i % 4 == 3 or i == cfg.num_layers - 1 else "linear_attention"
+                         for i in range(cfg.num_layers)],
             **common,
         )
     raise ValueError(f"unknown arch {cfg.arch!r}")

@@ -705,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--demonstrations", required=True, help="demonstration trajectories Parquet file")
             s.add_argument("--max-steps", type=int)
     a = p.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a flow reads our stderr: keep it to what matters
     cfg = RunConfig.model_validate_json(Path(a.config).read_text()) if a.config else RunConfig()
     try:
         if a.mode == "grpo":

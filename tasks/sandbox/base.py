@@ -102,7 +102,10 @@ class BaseSandbox:
 
     # -- to implement -------------------------------------------------------------------
     def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
-            output_cap: int | None = None, env: dict[str, str] | None = None) -> CommandResult:
+            output_cap: int | None = None, env: dict[str, str] | None = None,
+            stdin: str | bytes | None = None) -> CommandResult:
+        """`/bin/sh -c cmd` in the sandbox (default timeout: cfg.command_timeout_s; output cap:
+        cfg.output_cap_bytes; stdin: bytes fed to the command, else /dev/null)."""
         raise NotImplementedError
 
     def read_file(self, path: str) -> str:
@@ -171,6 +174,7 @@ def close_all() -> None:
     with _OPEN_LOCK:
         boxes = list(_OPEN.values())
     for sb in boxes:
+        sb._discard = True  # an interrupted sandbox is never handed to a warm pool
         try:
             sb.close()
         except Exception:
@@ -178,6 +182,22 @@ def close_all() -> None:
 
 
 atexit.register(close_all)
+
+
+# CPU seconds used inside sandboxes this process closed (cgroup accounting, read at close):
+# what a grading really costs, whatever else runs on the machine. See sandbox_cpu_seconds().
+_CPU = [0.0]
+_CPU_LOCK = threading.Lock()
+
+
+def add_cpu_seconds(s: float) -> None:
+    with _CPU_LOCK:
+        _CPU[0] += s
+
+
+def sandbox_cpu_seconds() -> float:
+    with _CPU_LOCK:
+        return _CPU[0]
 
 
 def new_id() -> str:

@@ -31,13 +31,13 @@ import time
 
 from tasks.sandbox import image as image_mod
 from tasks.sandbox.base import (LOCAL_PATH, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, check_path, decode, new_id, register)
+                                SandboxInfraError, add_cpu_seconds, check_path, decode, new_id, register)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
 HOST_UID = int(os.environ.get("RLVR_BWRAP_HOST_UID", "61000"))
 CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
 CGROUP_PARENT = "rlvr"
-V1_CONTROLLERS = ("memory", "pids", "cpu")
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")  # cpuacct: CPU accounting only
 KILL_GRACE_S = 5.0
 
 
@@ -55,11 +55,17 @@ class Cgroup:
         period = 100_000
         try:
             if self.v1:
+                seen = set()
                 for c in V1_CONTROLLERS:
-                    d = CGROUP_ROOT / c / CGROUP_PARENT / name
+                    # cpu and cpuacct are often one hierarchy (cpu,cpuacct) under two names.
+                    real = (CGROUP_ROOT / c).resolve()
+                    if real in seen or not real.is_dir():
+                        continue
+                    seen.add(real)
+                    d = real / CGROUP_PARENT / name
                     d.mkdir(parents=True)
                     self.dirs.append(d)
-                m, p, cpu = self.dirs
+                m, p, cpu = self.dirs[:3]
                 (m / "memory.limit_in_bytes").write_text(str(mem))
                 if (m / "memory.memsw.limit_in_bytes").exists():  # swap accounting on: no swap either
                     (m / "memory.memsw.limit_in_bytes").write_text(str(mem))
@@ -110,6 +116,18 @@ class Cgroup:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.01)
+
+    def cpu_seconds(self) -> float:
+        for d in self.dirs:
+            try:
+                if (d / "cpuacct.usage").exists():
+                    return int((d / "cpuacct.usage").read_text()) / 1e9
+                if (d / "cpu.stat").exists() and not self.v1:
+                    usec = (d / "cpu.stat").read_text().split("\n", 1)[0].split()[1]
+                    return int(usec) / 1e6
+            except (OSError, ValueError, IndexError):
+                pass
+        return 0.0
 
     def remove(self) -> None:
         self.kill_all()
@@ -265,9 +283,11 @@ class BwrapSandbox(BaseSandbox):
                     out.feed(chunk)
 
     def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
-            output_cap: int | None = None, env: dict[str, str] | None = None) -> CommandResult:
+            output_cap: int | None = None, env: dict[str, str] | None = None,
+            stdin: str | bytes | None = None) -> CommandResult:
+        data = stdin.encode() if isinstance(stdin, str) else stdin
         r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
-                          output_cap or self.cfg.output_cap_bytes, workdir=check_path(workdir), env=env)
+                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=check_path(workdir), env=env)
         return r
 
     # -- files --------------------------------------------------------------------------
@@ -295,6 +315,8 @@ class BwrapSandbox(BaseSandbox):
     # -- clean-up -----------------------------------------------------------------------
     def _close(self) -> None:
         if self.cgroup is not None:
+            self.cgroup.kill_all()
+            add_cpu_seconds(self.cgroup.cpu_seconds())
             self.cgroup.remove()
         shutil.rmtree(self.work, ignore_errors=True)
 
@@ -345,13 +367,17 @@ def _tar_dir(src: pathlib.Path) -> bytes:
     return buf.getvalue()
 
 
+def _parents() -> list[pathlib.Path]:
+    out = {(CGROUP_ROOT / c).resolve() / CGROUP_PARENT for c in V1_CONTROLLERS}
+    return sorted(out) + [CGROUP_ROOT / CGROUP_PARENT]
+
+
 def reap_stale(pid_alive) -> list[str]:
     """Remove cgroups and work dirs whose owner process is gone. Returns what was removed."""
     from tasks.sandbox.base import owner_pid
 
     removed = []
-    parents = ([CGROUP_ROOT / c / CGROUP_PARENT for c in V1_CONTROLLERS] + [CGROUP_ROOT / CGROUP_PARENT])
-    for parent in parents:
+    for parent in _parents():
         if not parent.is_dir():
             continue
         for d in parent.iterdir():
@@ -375,7 +401,7 @@ def leftovers(pid: int) -> list[str]:
     from tasks.sandbox.base import owner_pid
 
     out = []
-    for parent in [CGROUP_ROOT / c / CGROUP_PARENT for c in V1_CONTROLLERS] + [CGROUP_ROOT / CGROUP_PARENT]:
+    for parent in _parents():
         if parent.is_dir():
             out += [str(d) for d in parent.iterdir() if d.is_dir() and owner_pid(d.name) == pid]
     if work_root().is_dir():

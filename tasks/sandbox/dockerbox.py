@@ -29,7 +29,7 @@ import threading
 import time
 
 from tasks.sandbox.base import (LOCAL_PATH, R2E_PATH, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, check_path, decode, new_id, register)
+                                SandboxInfraError, add_cpu_seconds, check_path, decode, new_id, register)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
 LABEL = "rlvr.sandbox"
@@ -152,9 +152,10 @@ class DockerSandbox(BaseSandbox):
         import docker
 
         cfg = self.cfg
+        name = new_id()
         try:
             return client().containers.run(
-                self.env.image, ["sleep", "infinity"], detach=True, name=new_id(),
+                self.env.image, ["sleep", "infinity"], detach=True, name=name,
                 network_mode="none", mem_limit=f"{cfg.memory_mb}m", memswap_limit=f"{cfg.memory_mb}m",
                 pids_limit=cfg.pids_limit, nano_cpus=int(cfg.cpus * 1e9),
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], working_dir="/testbed",
@@ -164,21 +165,26 @@ class DockerSandbox(BaseSandbox):
                 # zombies (they would count against pids_limit and keep kill(-1) succeeding).
                 init=True,
             )
-        except docker.errors.ImageNotFound as e:
-            raise SandboxInfraError(f"docker image {self.env.image!r} not found (no registry here: build or "
-                                    "load it first)") from e
-        except docker.errors.DockerException as e:
-            raise _infra("container start", e) from e
+        except BaseException as e:
+            # `run` is create + start: a failed start leaves a created container behind.
+            try:
+                client().containers.get(name).remove(force=True)
+            except Exception:
+                pass
+            if isinstance(e, docker.errors.ImageNotFound):
+                raise SandboxInfraError(f"docker image {self.env.image!r} not found (and not pullable: "
+                                        "build or load it first)") from e
+            if isinstance(e, docker.errors.DockerException):
+                raise _infra("container start", e) from e
+            raise
 
     def _populate(self) -> None:
         c = self.container
         if self.local:
-            if not c.put_archive("/", self.env.tar("testbed")):
+            # One call: /testbed, and in grading mode the hidden tests in /root (root-owned,
+            # read-only for uid 1000, where R2E-Gym keeps them; a reset leaves them be).
+            if not c.put_archive("/", self.env.tar(self.mode)):
                 raise SandboxInfraError("docker: cannot put /testbed into the container")
-            if self.mode == "grading" and not self.reused:
-                # Root-owned and read-only for uid 1000, where R2E-Gym keeps them.
-                if not c.put_archive("/root", self.env.tar("hidden")):
-                    raise SandboxInfraError("docker: cannot put the hidden tests into /root")
             return
         # R2E-Gym image: the hidden tests live in /r2e_tests and /testbed/run_tests.sh.
         venv = ("ln -sfn /testbed/.venv /root/.venv; mkdir -p /root/.local/bin; "
@@ -304,9 +310,11 @@ class DockerSandbox(BaseSandbox):
             self._discard = True
 
     def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
-            output_cap: int | None = None, env: dict[str, str] | None = None) -> CommandResult:
+            output_cap: int | None = None, env: dict[str, str] | None = None,
+            stdin: str | bytes | None = None) -> CommandResult:
+        data = stdin.encode() if isinstance(stdin, str) else stdin
         r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
-                          output_cap or self.cfg.output_cap_bytes, workdir=check_path(workdir), env=env)
+                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=check_path(workdir), env=env)
         return r
 
     # -- files (through the sandbox user, so permissions and symlinks are the sandbox's) --
@@ -334,6 +342,14 @@ class DockerSandbox(BaseSandbox):
             raise SandboxError(f"cannot copy {src} to {dest}: {r.output.strip()}")
 
     # -- clean-up -----------------------------------------------------------------------
+    def _account_cpu(self, c) -> None:
+        now = _container_cpu(c)
+        with _POOL_LOCK:
+            before = _cpu_seen.pop(c.id, 0.0)
+            if self.reusable:
+                _cpu_seen[c.id] = now
+        add_cpu_seconds(max(0.0, now - before))
+
     def _reset(self) -> bool:
         """Make a used container as clean as a new one; False if that cannot be shown."""
         dirs = " ".join(WRITABLE)
@@ -351,6 +367,7 @@ class DockerSandbox(BaseSandbox):
         c, self.container = self.container, None
         if c is None:
             return
+        self._account_cpu(c)
         if self.reusable and not self._discard:
             self.container = c  # _exec needs it for the reset
             ok = self._reset()
@@ -358,6 +375,20 @@ class DockerSandbox(BaseSandbox):
             if ok and _pool_put(self.pool_key, c, max(1, self.cfg.concurrency)):
                 return
         _remove(c)
+
+
+_cpu_seen: dict[str, float] = {}
+
+
+def _container_cpu(c) -> float:
+    # The container's cgroup (cgroupfs driver); a reused container is charged per use.
+    for p in (f"/sys/fs/cgroup/cpuacct/docker/{c.id}/cpuacct.usage", f"/sys/fs/cgroup/docker/{c.id}/cpu.stat"):
+        try:
+            text = pathlib.Path(p).read_text()
+        except OSError:
+            continue
+        return int(text) / 1e9 if p.endswith("usage") else int(text.split("\n", 1)[0].split()[1]) / 1e6
+    return 0.0
 
 
 def _send(raw, data: bytes) -> None:

@@ -47,27 +47,27 @@ class Environment:
         return self.root / "hidden"
 
     def tar(self, which: str) -> bytes:
-        """Uncompressed tar of testbed/ (owned by uid 1000) or of hidden/ (root-owned, world-readable),
-        built once per environment: the docker backend puts it into each container."""
+        """Uncompressed tar, extracted at "/" by the docker backend, built once per environment:
+        "agent" = testbed/ (owned by uid 1000); "grading" = that plus root/r2e_tests/ and
+        root/run_tests.sh (root-owned, world-readable; no entry for /root itself)."""
         with self._lock:
             if which not in self._tars:
                 buf = io.BytesIO()
-                src = self.testbed if which == "testbed" else self.hidden
-                uid = SANDBOX_UID if which == "testbed" else 0
 
-                def own(ti: tarfile.TarInfo) -> tarfile.TarInfo:
-                    ti.uid = ti.gid = uid
-                    ti.uname = ti.gname = ""
-                    if which == "hidden":
-                        ti.mode = (ti.mode | 0o444 | (0o111 if ti.isdir() else 0)) & 0o755
-                    return ti
+                def owned_by(uid: int):
+                    def f(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+                        ti.uid = ti.gid = uid
+                        ti.uname = ti.gname = ""
+                        if uid == 0:
+                            ti.mode = (ti.mode | 0o444 | (0o111 if ti.isdir() else 0)) & 0o755
+                        return ti
+                    return f
 
                 with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                    if which == "testbed":
-                        tf.add(src, arcname="testbed", filter=own)
-                    else:
-                        for child in sorted(src.iterdir()):
-                            tf.add(child, arcname=child.name, filter=own)
+                    tf.add(self.testbed, arcname="testbed", filter=owned_by(SANDBOX_UID))
+                    if which == "grading":
+                        for child in sorted(self.hidden.iterdir()):
+                            tf.add(child, arcname=f"root/{child.name}", filter=owned_by(0))
                 self._tars[which] = buf.getvalue()
             return self._tars[which]
 

@@ -1,0 +1,115 @@
+"""Building datasets into the store: archives + table, caching, verification errors, the sandbox check."""
+
+import json
+
+import pytest
+
+from schemas.config import DatasetConfig
+from schemas.tables import TASKS
+from tasks.dataset import build, mini
+from tasks.dataset.build import DatasetVerificationError, LocalVerifier, build_mini_benchmark
+
+SMALL = DatasetConfig(num_train=24, num_validation=12, seed=11)
+
+
+def test_build_writes_archives_and_table_and_is_cached(file_store, monkeypatch):
+    key = build_mini_benchmark(SMALL, file_store, verify=True, verifier=LocalVerifier())
+    did = key.split("/")[1]
+    assert key == f"datasets/{did}/tasks.parquet" and did.startswith("mini-")
+    table = file_store.read_table(key, stage="tasks")
+    assert table.num_rows == 36
+    for row in table.to_pylist():
+        assert row["environment_uri"] == file_store.uri(f"environments/{did}/{row['instance_id']}.tar.gz")
+        assert file_store.exists(row["environment_uri"])
+    assert file_store.get_json(f"datasets/{did}/verified.json")["tasks"] == 36
+    # A second build is a cache hit: nothing is generated or verified again.
+    monkeypatch.setattr(mini, "generate", lambda *a, **k: pytest.fail("regenerated a cached dataset"))
+    assert build_mini_benchmark(SMALL, file_store, verifier=lambda *a: pytest.fail("re-verified")) == key
+
+
+def test_unverified_build_is_verified_later(file_store):
+    key = build_mini_benchmark(SMALL, file_store, verify=False)
+    did = key.split("/")[1]
+    assert file_store.is_committed(key) and not file_store.exists(f"datasets/{did}/verified.json")
+    seen = []
+    build_mini_benchmark(SMALL, file_store, verifier=lambda rows, store, cfg: seen.append(len(rows)))
+    assert seen == [36] and file_store.exists(f"datasets/{did}/verified.json")
+
+
+def test_dataset_id_depends_on_config():
+    ids = {build.mini_dataset_id(c, "rlvr-sandbox:bookworm") for c in
+           (SMALL, SMALL.model_copy(update={"seed": 12}), SMALL.model_copy(update={"difficulty": 0.9}),
+            SMALL.model_copy(update={"num_train": 25}))}
+    assert len(ids) == 4
+    assert build.mini_dataset_id(SMALL, "x") != build.mini_dataset_id(SMALL, "rlvr-sandbox:bookworm")
+    # The training order is not part of the content.
+    assert build.mini_dataset_id(SMALL.model_copy(update={"order": "shuffled"}), "x") == build.mini_dataset_id(SMALL, "x")
+
+
+def test_verification_failure_names_the_instance_and_commits_nothing(file_store):
+    def broken(rows, store, cfg):
+        raise DatasetVerificationError({rows[3]["instance_id"]: "gold patch scored 0.0"}, len(rows))
+
+    with pytest.raises(DatasetVerificationError, match="1 of 36 tasks failed verification") as e:
+        build_mini_benchmark(SMALL, file_store, verifier=broken)
+    assert list(e.value.failures.values()) == ["gold patch scored 0.0"]
+    did = build.mini_dataset_id(SMALL, mini.DEFAULT_IMAGE)
+    assert not file_store.is_committed(build.tasks_key(did))
+
+
+def test_precheck_names_bad_rows():
+    row = mini.generate(DatasetConfig(num_train=12, num_validation=12))[0].row
+    patch, why = build._precheck(row)
+    assert why is None and patch.startswith("diff --git")
+    bad = dict(row, expected_output_json='{"test_a": "PASS')
+    assert "expected_output_json is not valid JSON" in build._precheck(bad)[1]
+    bad = dict(row, parsed_commit_content="[]")
+    assert row["instance_id"] in build._precheck(bad)[1]
+
+
+def test_local_verifier_catches_a_gold_patch_that_does_not_apply(file_store):
+    tasks = mini.generate(DatasetConfig(num_train=12, num_validation=12, seed=2))
+    t = tasks[0]
+    commit = json.loads(t.row["parsed_commit_content"])
+    commit["file_diffs"][0]["old_file_content"] = "something else\n"
+    row = dict(t.row, parsed_commit_content=json.dumps(commit))
+    with pytest.raises(DatasetVerificationError, match=f"{row['instance_id']}: gold patch does not apply"):
+        build.verify_locally(row, t.archive)
+
+
+def test_parse_pytest_summary_keys_like_r2e():
+    out = ("=== short test summary info ===\nPASSED r2e_tests/test_1.py::test_a\n"
+           "FAILED r2e_tests/test_1.py::TestX::test_b - assert 1 == 2\nERROR r2e_tests/test_1.py::test_c\n")
+    assert build.parse_pytest_summary(out) == {"test_a": "PASSED", "TestX.test_b": "FAILED", "test_c": "ERROR"}
+
+
+def test_build_on_s3(s3_store):
+    cfg = DatasetConfig(num_train=12, num_validation=12, seed=4)
+    key = build_mini_benchmark(cfg, s3_store, verify=False)
+    table = s3_store.read_table(key, stage="tasks")
+    TASKS.validate(table)
+    uri = table["environment_uri"][0].as_py()
+    assert uri.startswith("s3://") and s3_store.get_bytes(uri)[:2] == b"\x1f\x8b"
+
+
+@pytest.mark.slow
+def test_sample_verified_in_real_sandbox(sandbox_rootfs, tmp_path):
+    """~24 generated tasks covering every family and both splits: gold -> reward 1, empty -> 0,
+    through tasks.grading in bwrap sandboxes (the full 951 are verified by the build itself)."""
+    from tasks.storage import Store
+    from tests.fixtures.sandbox import sandbox_cfg
+    from tests.test_dataset_mini import _sample_covering_families
+
+    cfg = DatasetConfig(num_train=48, num_validation=24, seed=21)
+    store = Store(f"file://{tmp_path}/store")
+    key = build_mini_benchmark(cfg, store, verify=False)
+    rows = store.read_table(key, stage="tasks").to_pylist()
+    by_id = {r["instance_id"]: r for r in rows}
+    sample = [by_id[t.row["instance_id"]] for t in _sample_covering_families(
+        [mini.MiniTask(r, b"") for r in rows], n=24)]
+    assert {r["bug_family"] for r in sample} == set(mini.FAMILIES)
+    build.verify_tasks(sample, store, sandbox_cfg("bwrap"))
+    # ... and a task whose hidden tests cannot pass is reported by instance.
+    broken = dict(sample[0], expected_output_json=json.dumps({"test_missing": "PASSED"}))
+    with pytest.raises(DatasetVerificationError, match=sample[0]["instance_id"]):
+        build.verify_tasks([broken], store, sandbox_cfg("bwrap"))

@@ -1,0 +1,192 @@
+"""Client and server-manager logic without a real server: request shape, error
+mapping, endpoint choice, the weight-reload call sequence, the command line."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from schemas.config import InferenceConfig
+from tasks.inference import (
+    ContextLengthError,
+    InferenceError,
+    InferenceUnavailable,
+    PolicyClient,
+    RequestRejectedError,
+    ServerUnavailableError,
+    WeightSyncError,
+    build_command,
+    free_port,
+)
+from tasks.inference.server import build_env
+
+
+class FakeVLLM:
+    """Answers like vLLM's HTTP API; records every request."""
+
+    def __init__(self, max_model_len=100, fail=None):
+        self.calls, self.max_model_len, self.fail = [], max_model_len, fail or {}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.calls.append((request.url.host, path, request.url.params.get("mode"),
+                           json.loads(request.content) if request.content else None))
+        if path in self.fail:
+            status, body = self.fail[path]
+            return httpx.Response(status, text=body)
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "policy", "max_model_len": self.max_model_len}]})
+        if path == "/v1/completions":
+            body = json.loads(request.content)
+            n = body["max_tokens"]
+            return httpx.Response(200, json={"prompt_token_ids": body["prompt"], "choices": [{
+                "token_ids": list(range(n)), "logprobs": {"token_logprobs": [-1.0] * n},
+                "finish_reason": "length", "stop_reason": None}]})
+        if path == "/reset_prefix_cache":
+            return httpx.Response(200, json={"success": True})
+        return httpx.Response(200, json={})
+
+
+def client(fake, urls=("http://a:1",), **kw):
+    return PolicyClient(list(urls), stop_token_ids=[2], transport=httpx.MockTransport(fake), **kw)
+
+
+def test_generate_request_and_result():
+    fake = FakeVLLM(max_model_len=100)
+    g = asyncio.run(client(fake).generate([5, 6, 7], 10, 0.7, 0.9, seed=3))
+    body = fake.calls[-1][3]
+    assert body["prompt"] == [5, 6, 7] and body["max_tokens"] == 10
+    assert body["temperature"] == 0.7 and body["top_p"] == 0.9 and body["seed"] == 3
+    assert body["stop_token_ids"] == [2] and body["include_stop_str_in_output"] is True
+    assert body["return_token_ids"] is True and body["skip_special_tokens"] is False and body["logprobs"] == 0
+    assert g.prompt_token_ids == [5, 6, 7] and g.token_ids == list(range(10)) and len(g.logprobs) == 10
+    assert g.policy_version == 0 and g.base_url == "http://a:1"
+
+
+def test_max_tokens_clipped_to_context_and_context_error():
+    fake = FakeVLLM(max_model_len=20)
+    c = client(fake)
+    assert len(asyncio.run(c.generate(list(range(15)), 50)).token_ids) == 5
+    with pytest.raises(ContextLengthError):
+        asyncio.run(c.generate(list(range(20)), 5))
+
+
+@pytest.mark.parametrize("fail,exc", [
+    ((500, "EngineDeadError"), ServerUnavailableError),
+    ((400, "This model's maximum context length is 20 tokens"), ContextLengthError),
+    ((400, "bad request"), RequestRejectedError),
+])
+def test_http_errors_map_to_types(fail, exc):
+    with pytest.raises(exc):
+        asyncio.run(client(FakeVLLM(fail={"/v1/completions": fail})).generate([1], 3))
+
+
+def test_server_down_is_unavailable():
+    c = PolicyClient([f"http://127.0.0.1:{free_port()}"])  # nothing listens there
+    with pytest.raises(InferenceUnavailable) as e:
+        asyncio.run(c.generate([1, 2], 4))
+    assert e.value.base_url.startswith("http://127.0.0.1:")
+
+    def reset(request):
+        raise httpx.ReadError("connection reset by peer", request=request)
+
+    with pytest.raises(ServerUnavailableError):
+        asyncio.run(PolicyClient(["http://a:1"], transport=httpx.MockTransport(reset)).generate([1], 1))
+
+
+def test_logprob_count_must_match():
+    def bad(request):
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "policy", "max_model_len": 50}]})
+        return httpx.Response(200, json={"choices": [{"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]},
+                                                      "finish_reason": "length"}]})
+
+    with pytest.raises(InferenceError, match="1 logprobs for 2"):
+        asyncio.run(PolicyClient(["http://a:1"], transport=httpx.MockTransport(bad)).generate([1], 2))
+
+
+def test_least_loaded_spreads_requests():
+    fake = FakeVLLM()
+    c = client(fake, urls=["http://a:1", "http://b:1", "http://c:1"])
+
+    async def many():
+        return await asyncio.gather(*(c.generate([1], 2) for _ in range(9)))
+
+    used = [g.base_url for g in asyncio.run(many())]
+    assert {u: used.count(u) for u in set(used)} == {"http://a:1": 3, "http://b:1": 3, "http://c:1": 3}
+
+
+def test_reload_sequence_and_version():
+    fake = FakeVLLM()
+    c = client(fake, urls=["http://a:1", "http://b:1"])
+    asyncio.run(c.reload_weights("/ckpt/v3", 3))
+    assert c.version == 3
+    for host in "ab":
+        seq = [(p, m, b) for h, p, m, b in fake.calls if h == host]
+        assert [p for p, _, _ in seq] == ["/pause", "/collective_rpc", "/reset_prefix_cache",
+                                          "/update_weight_version", "/resume"]
+        assert seq[0][1] == "wait"
+        assert seq[1][2] == {"method": "rlvr_reload_weights", "kwargs": {"weights_path": "/ckpt/v3"}}
+        assert seq[3][2] == {"new_version": "3"}
+    assert asyncio.run(c.generate([1], 1)).policy_version == 3
+
+
+def test_failed_reload_still_resumes_and_keeps_version():
+    fake = FakeVLLM(fail={"/collective_rpc": (500, "no such method")})
+    c = client(fake, version=4)
+    with pytest.raises(WeightSyncError, match="collective_rpc|reload_weights"):
+        asyncio.run(c.reload_weights("/ckpt/v5", 5))
+    assert [p for _, p, _, _ in fake.calls][-1] == "/resume"
+    assert c.version == 4
+
+
+def test_generate_waits_for_reload():
+    order = []
+
+    class Slow(FakeVLLM):
+        def __call__(self, request):
+            order.append(request.url.path)
+            return super().__call__(request)
+
+    fake = Slow()
+    c = client(fake)
+
+    async def both():
+        reload = asyncio.create_task(c.reload_weights("/ckpt/v1", 1))
+        await asyncio.sleep(0)  # reload has started (gate closed)
+        g = await c.generate([1], 1)
+        await reload
+        return g
+
+    g = asyncio.run(both())
+    assert g.policy_version == 1
+    assert order.index("/v1/completions") > order.index("/resume")
+
+
+def test_build_command_cpu_and_gpu(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')
+    cpu = build_command(tmp_path, InferenceConfig(max_model_len=4096), 9000)
+    joined = " ".join(cpu)
+    assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    for flag in ["--dtype float32", "--max-model-len 4096", "--served-model-name policy", "--port 9000",
+                 "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser hermes",
+                 "--enforce-eager", "--worker-extension-cls rlvr_vllm_ext.RlvrWorkerExtension",
+                 "--generation-config vllm"]:
+        assert flag in joined, flag
+    assert "--tensor-parallel-size" not in joined
+    gpu = " ".join(build_command(tmp_path, InferenceConfig(
+        device="gpu", tensor_parallel_size=4, data_parallel_size=2, enable_expert_parallel=True,
+        gpu_memory_utilization=0.8, weight_sync="nccl"), 9000))
+    for flag in ["--dtype auto", "--tensor-parallel-size 4", "--data-parallel-size 2", "--enable-expert-parallel",
+                 "--gpu-memory-utilization 0.8", '--weight-transfer-config {"backend": "nccl"}']:
+        assert flag in gpu, flag
+    assert "--enforce-eager" not in gpu
+    env = build_env(InferenceConfig(cpu_kvcache_gib=3, cpu_threads=2), tmp_path)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert env["OMP_NUM_THREADS"] == "2" and env["PYTHONPATH"].endswith("vllm_ext")
+
+
+def test_qwen3_5_on_cpu_is_bf16(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_5_moe_text"}')
+    assert "--dtype bfloat16" in " ".join(build_command(tmp_path, InferenceConfig(), 9000))
