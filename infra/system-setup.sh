@@ -9,7 +9,7 @@
 # the engine alone (bwrap-only machines).
 set -euo pipefail
 
-PACKAGES=(docker.io bubblewrap debootstrap iptables git util-linux coreutils ca-certificates)
+PACKAGES=(docker.io bubblewrap debootstrap iptables git util-linux coreutils procps ca-certificates)
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/rlvr-dockerd.log}
 WAIT_S=${DOCKERD_WAIT_S:-60}
 

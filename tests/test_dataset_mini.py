@@ -171,7 +171,7 @@ def _sample_covering_families(tasks, n=24, seed=0):
 
 def test_sample_verifies_locally(full):
     """Without a sandbox: the hidden tests fail before the gold patch and all pass after it."""
-    sample = _sample_covering_families(full)
+    sample = _sample_covering_families(full, n=14)
     assert {t.row["split"] for t in sample} == {"train", "validation"}
     for t in sample:
         expected = json.loads(t.row["expected_output_json"])

@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -91,9 +90,10 @@ HOSTILE = {
     "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
     "allocate_4gb": "_hog = bytearray(4 * 1024 ** 3)\n",
     "loop_forever": "while True:\n    pass\n",
-    "write_outside": ("import glob\nfor _p in ['/etc/passwd', '/usr/lib/python3/dist-packages/pwned.pth', '/pwned',\n"
+    "write_outside": ("import shutil\nfor _p in ['/etc/passwd', '/usr/lib/python3/dist-packages/pwned.pth', '/pwned',\n"
                       "           '/root/r2e_tests/test_1.py', '/root/run_tests.sh', '/tmp/pwned']:\n"
-                      "    try:\n        open(_p, 'a').write('pwned')\n    except OSError:\n        pass\n"),
+                      "    try:\n        open(_p, 'a').write('pwned')\n    except OSError:\n        pass\n"
+                      "shutil.rmtree('/root/r2e_tests', ignore_errors=True)\n"),
     # Printed inside a test call: pytest shows that output in its report (import-time output it drops).
     "print_100mb": ("_add = add\n\n\ndef add(a, b):\n    import sys\n"
                     "    sys.stdout.write('x' * (100 * 1024 * 1024))\n    return _add(a, b)\n"),
@@ -129,6 +129,10 @@ def test_hostile_patch_is_contained(sandbox_backend, r2e_tasks, sandbox_store, k
         assert res.error.startswith("tests timed out")
     if kind == "print_100mb":
         assert "bytes omitted" in res.test_output and len(res.test_output) < 9 * 1024 * 1024
+    if kind == "write_outside":
+        # With the fix, reward 1: the hidden tests survived the attempt to edit and delete them.
+        fixed = grade(sandbox_backend, task, calc_patch(HOSTILE[kind], fix=True), sandbox_store)
+        assert fixed.reward == 1.0
     assert _host_fingerprint(sandbox_store, task["row"]) == before
     # The next grading of the same task is unaffected.
     assert grade(sandbox_backend, task, task["gold"], sandbox_store).reward == 1.0
@@ -180,8 +184,6 @@ class _FakeBox:
         pass
 
     def run(self, cmd, timeout=None, **kw):
-        from tasks.sandbox import CommandResult
-
         return self.script(cmd)
 
 

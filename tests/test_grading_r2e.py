@@ -8,7 +8,10 @@ from tasks.grading import clean_test_output, filter_patch, parse_log_pytest, r2e
 SUMMARY = "=========================== short test summary info ============================\n"
 
 
-def log(*lines: str, tail: str = "========================= 1 failed, 2 passed in 0.05s ==========================") -> str:
+TAIL = "========================= 1 failed, 2 passed in 0.05s =========================="
+
+
+def log(*lines: str, tail: str = TAIL) -> str:
     head = ("============================= test session starts ==============================\n"
             "collected 3 items\n\nr2e_tests/test_1.py .F.\n\n")
     return head + SUMMARY + "\n".join(lines) + "\n" + tail + "\n"

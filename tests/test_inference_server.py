@@ -175,3 +175,39 @@ def test_startup_failure_and_timeout_name_the_log(tiny_policy_dir, vllm_python, 
     # stop() took the whole process group (API server, engine core, workers) down.
     with pytest.raises(ProcessLookupError):
         os.killpg(slow.pid, 0)
+
+
+def test_server_dies_with_its_owner(tiny_policy_dir, vllm_python, tmp_path):
+    """An owner killed outright (no stop(), no atexit) does not leave vLLM running."""
+    import pathlib
+    import sys
+    import time
+
+    from tasks.inference import free_port
+
+    port = free_port()
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(repo)!r})
+        from schemas.config import InferenceConfig
+        from tasks.inference import VLLMServer
+        VLLMServer({str(tiny_policy_dir)!r}, InferenceConfig(max_model_len=512, vllm_python={str(vllm_python)!r}),
+                   port={port}, log_dir={str(tmp_path)!r}).start()
+    """)
+
+    def running():
+        return subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True).stdout.split()
+
+    owner = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while not running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert running(), "server never started"
+    time.sleep(2)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 40
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not running()

@@ -78,8 +78,11 @@ def test_files_in_and_out(sandbox_backend, calc, sandbox_store, tmp_path):
         assert sb.run("echo z >> /testbed/copied/x.py && stat -c %u /testbed/copied/x.py").output.strip() == "1000"
         with pytest.raises(FileNotFoundError):
             sb.read_file("/testbed/missing.txt")
+        assert sb.read_file("new/dir/a.txt") == "héllo\n"  # relative to /testbed
+        sb.write_file("/testbed/odd name [1] (ü).py", "z = 3\n")  # argv, not a shell: any name works
+        assert sb.read_file("/testbed/odd name [1] (ü).py") == "z = 3\n"
         with pytest.raises(ValueError):
-            sb.read_file("relative/path")
+            sb.read_file("nul\0byte")
 
 
 def test_diff_is_the_patch_and_skips_environment_and_caches(sandbox_backend, calc, sandbox_store):
@@ -247,20 +250,21 @@ def test_interrupted_process_leaves_nothing(sandbox_backend, calc, sandbox_store
             child.wait()
 
 
-def test_docker_reuse_hands_over_a_clean_container(docker_engine, calc, sandbox_store):
+def test_docker_reuse_hands_over_a_clean_container(docker_engine, r2e_tasks, sandbox_store):
     from tasks.sandbox import close_pools, leftovers
 
+    calc, strutil = r2e_tasks["calc"]["row"], r2e_tasks["strutil"]["row"]
     try:
-        with open_box("docker", calc, sandbox_store, docker_reuse=True) as sb:
+        with open_box("docker", calc, sandbox_store, mode="grading", docker_reuse=True) as sb:
             assert not sb.reused
             first = sb.container.id
-            sb.run("echo dirty > /tmp/x; echo dirty > /dev/shm/y; echo new > /testbed/new.txt; "
-                   "sed -i 's/a - b/a + b/' calc/__init__.py; setsid sleep 300 >/dev/null 2>&1 < /dev/null &")
-        with open_box("docker", calc, sandbox_store, docker_reuse=True) as sb:
+            sb.run("echo dirty > /tmp/x; echo dirty > /dev/shm/y; echo new > /testbed/new.txt; chmod 000 calc; "
+                   "setsid sleep 300 >/dev/null 2>&1 < /dev/null &")
+        # Another task, another mode: the same container, with nothing of the first left in it.
+        with open_box("docker", strutil, sandbox_store, mode="agent", docker_reuse=True) as sb:
             assert sb.reused and sb.container.id == first
-            r = sb.run("ls -A /tmp /dev/shm; git status --porcelain; grep -c 'a - b' calc/__init__.py; "
-                       + PS + " | grep -c '^sleep'")
-            assert r.output.split() == ["/dev/shm:", "/tmp:", "1", "1"]  # only the keeper's `sleep infinity`
+            r = sb.run("ls -A /tmp /dev/shm /root; ls; git status --porcelain; " + PS + " | grep -c '^sleep'")
+            assert r.output.split() == ["/dev/shm:", "/root:", "/tmp:", "strutil", "1"]  # 1: the keeper
         assert leftovers(docker=True) == []  # pooled containers are not leaks...
     finally:
         close_pools()

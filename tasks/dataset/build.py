@@ -84,7 +84,11 @@ def build_mini_benchmark(cfg, store, sandbox_cfg=None, verify: bool = True, veri
     Cached: an already built (and, if `verify`, verified) dataset returns at once.
     verifier(rows, store, sandbox_cfg) defaults to `verify_tasks` (the sandbox via tasks.grading).
     """
-    image = getattr(sandbox_cfg, "image", None) or mini.DEFAULT_IMAGE
+    if sandbox_cfg is None:
+        from schemas.config import SandboxConfig
+
+        sandbox_cfg = SandboxConfig()
+    image = sandbox_cfg.image
     did = mini_dataset_id(cfg, image)
     key, marker = tasks_key(did), f"datasets/{did}/verified.json"
     if store.is_committed(key):

@@ -15,12 +15,17 @@ on, ARCHITECTURE.md s7), but no validation task shares with any training task
   - its (template, bug site, constants),
   - its issue text.
 `leakage_keys(row)` recomputes these keys from a row; the tests check them.
+How: each (function template, bug site, constants) group belongs to one split, decided
+up front per family (round-robin over functions, at least 4 groups in validation, no
+function validation-only); tasks draw fresh names for their group, validation reusing
+function names that training uses, so names are shared while instances are not.
 
 `difficulty` (0..1; every level keeps every family in both splits):
   - distractor code: each other function of the target module is included with
     probability 0.25 + 0.75*d, each other module of the package with probability d
-    (d=0: the buggy function, sometimes one neighbour; d=1: the whole package,
-    2-4 functions per module, 2-3 modules);
+    (d=0: one ~14-line module, the buggy function and sometimes a neighbour;
+    d=0.5: ~20-line module, ~1.6 modules; d=1: the whole package, 2 modules of
+    2-4 functions, ~27-line target module, ~57 lines in all);
   - how directly the issue points at the code: level 0 names the function and its
     file and states actual vs expected in the title; level 1 names the function;
     level 2 describes what the user tried to do, and only the reproduction's import
@@ -37,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import hashlib
 import itertools
 import json
 import random

@@ -18,7 +18,6 @@ by both splits (a tiny model fails on names it never saw: ARCHITECTURE.md s7).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 FAMILIES = (
     "off_by_one",

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import weakref
 
 import httpx
 
@@ -157,15 +156,34 @@ class VLLMServer:
         return f"http://{self.cfg.host}:{self.port}"
 
     def start(self) -> "VLLMServer":
+        """Launch and wait until it serves; on any failure the process group is gone.
+        A port picked here (port=None) that someone else takes first is retried once."""
+        auto_port = self.port is None
+        for attempt in range(2 if auto_port else 1):
+            if auto_port:
+                self.port = free_port(self.cfg.host)
+            try:
+                return self._start()
+            except ServerStartError as e:
+                if not (auto_port and attempt == 0 and "Address already in use" in str(e)):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self) -> "VLLMServer":
         from tasks.policy.model import check_model_dir
 
         check_model_dir(self.model_dir)
-        if self.port is None:
-            self.port = free_port(self.cfg.host)
+        with socket.socket() as s:
+            try:
+                s.bind((self.cfg.host, self.port))
+            except OSError as e:
+                raise ServerStartError(f"port {self.port} on {self.cfg.host} is taken: {e}") from e
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"vllm-{self.port}-{int(time.time())}.log"
         cmd = build_command(self.model_dir, self.cfg, self.port) + self.extra_args
         env = build_env(self.cfg, self.model_dir)
+        # The launcher takes the server down if this process dies without stop().
+        cmd = [cmd[0], str(EXT_DIR / "rlvr_launch.py")] + cmd
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
@@ -194,7 +212,9 @@ class VLLMServer:
                 try:
                     if http.get(f"{self.base_url}/health").status_code == 200:
                         models = http.get(f"{self.base_url}/v1/models").json()
-                        if any(m.get("id") == SERVED_MODEL_NAME for m in models.get("data", [])):
+                        # "root" is the model path: make sure it is our server answering.
+                        if any(m.get("id") == SERVED_MODEL_NAME and m.get("root") == str(self.model_dir)
+                               for m in models.get("data", [])):
                             return
                 except (httpx.HTTPError, ValueError):
                     pass
@@ -248,9 +268,9 @@ class VLLMServer:
         return f"VLLMServer({self.model_dir}, url={self.base_url}, log={self.log_path})"
 
 
-# Servers still running at interpreter exit are stopped (a SIGKILL of this
-# process cannot be caught: then the server's session outlives it).
-_live: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
+# Servers still running at interpreter exit are stopped. (If this process is
+# killed outright, rlvr_launch.py notices and stops its server.)
+_live: "set[VLLMServer]" = set()
 
 
 @atexit.register

@@ -3,6 +3,8 @@
 One call = load a checkpoint dir, recompute the policy's logprobs on the trajectory
 tokens, take `optimizer_steps` AdamW steps (default 1: the GRPO reference's one step
 per batch), save the next checkpoint dir. Also a supervised mode (SFT) for the warm start.
+`PolicyTrainer` is the load-once-then-step core; tasks/policy/worker.py keeps one alive
+across updates (no per-step process start, model load or AdamW-state load).
 
 Runs as 1 process or N under torchrun (gloo on CPU, NCCL on GPU). With N ranks the
 model is sharded by Automodel's FSDP2 parallelizer; every rank reads the whole batch
@@ -442,6 +444,157 @@ def _save(model, optimizer, rt, out_dir, model_dir, version, info) -> float:
 # ---------------------------------------------------------------------------- GRPO
 
 
+class PolicyTrainer:
+    """The policy and its AdamW state on this rank, loaded once, then stepped.
+
+    The one-shot CLI (`grpo_update`) loads, takes one GRPO update and exits; the
+    persistent worker (tasks/policy/worker.py) keeps one of these for many updates.
+    `model_dir` / `version` name the checkpoint the in-memory weights equal: the
+    parent of the next one. A failed update (BadBatchError, UpdateAborted) leaves
+    weights and optimizer state exactly as they were.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, cfg: RunConfig, *,
+                 reference_dir: str | os.PathLike | None = None, keep_optimizer_state: bool = True,
+                 precision: str | None = None, resident_reference: bool = True):
+        if cfg.grpo.reference_policy_kl_penalty > 0 and reference_dir is None:
+            raise ValueError("reference_policy_kl_penalty > 0 needs reference_dir (the reference policy checkpoint)")
+        self.cfg = cfg
+        self.rt = init_runtime(precision)
+        torch.manual_seed(cfg.seed)
+        self.model_dir = Path(model_dir)
+        self.version = ckpt.read_policy_version(model_dir)
+        self.vocab_size = _vocab_size(model_dir)
+        self.model, self.params = build_policy(model_dir, self.rt, cfg.optimizer.freeze_router)
+        self.optimizer = _adamw(self.params, cfg, cfg.effective_lr)
+        # "resumed": this optimizer continues earlier steps (from optimizer.pt, or from memory later on).
+        self.resumed = keep_optimizer_state and ckpt.load_optimizer_state(self.model, self.optimizer, model_dir)
+        for group in self.optimizer.param_groups:  # the saved state carries the old hyperparameters: use today's
+            group.update(lr=cfg.effective_lr, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
+                         weight_decay=cfg.optimizer.weight_decay)
+        self.reference_dir = reference_dir
+        self.resident_reference = resident_reference  # False: load per update, free before training (less memory)
+        self.ref_model = None
+        if reference_dir is not None and cfg.grpo.reference_policy_kl_penalty > 0:
+            self.ref_model = build_policy(reference_dir, self.rt)[0].eval()
+        self.optimizer_unsaved = False  # the latest checkpoint dir lacks the in-memory AdamW state
+
+    def prepare(self, trajectories, advantages) -> tuple[list[Sample], int]:
+        return prepare_samples(trajectories, advantages, self.vocab_size)
+
+    def grpo_step(self, trajectories, advantages, out_dir, **kw) -> dict:
+        t0 = time.perf_counter()
+        samples, num_masked = self.prepare(trajectories, advantages)
+        return self.update(samples, num_masked, out_dir, t0=t0, **kw)
+
+    def update(self, samples: list[Sample], num_masked: int, out_dir: str | os.PathLike, *,
+               optimizer_steps: int = 1, policy_version: int | None = None, save_optimizer: bool = True,
+               t0: float | None = None) -> dict:
+        """One GRPO update on prepared samples; saves checkpoint `out_dir` and moves on to it.
+
+        The batch is split into `optimizer_steps` mini-batches, one AdamW step each. With one
+        step, pi_prev is the policy before the update, i.e. the current logprobs detached in
+        the same pass (ratio 1, gradient through pi). With more, pi_prev comes from a no-grad
+        pass before the first step. save_optimizer=False skips optimizer.pt (most of the
+        save time); save_optimizer_state() writes it later.
+        """
+        t0 = time.perf_counter() if t0 is None else t0
+        if optimizer_steps < 1:
+            raise ValueError("optimizer_steps must be >= 1")
+        cfg, rt, model, params, optimizer = self.cfg, self.rt, self.model, self.params, self.optimizer
+        torch.manual_seed(cfg.seed)  # every update starts from the same RNG state, whatever came before
+        version = self.version + 1 if policy_version is None else policy_version
+        ref_model = self.ref_model
+        if ref_model is None and cfg.grpo.reference_policy_kl_penalty > 0:
+            ref_model = build_policy(self.reference_dir, rt)[0].eval()
+        t_loaded = time.perf_counter()
+
+        batches = [[samples[i] for i in c] for c in np.array_split(np.arange(len(samples)), optimizer_steps) if len(c)]
+        plans = [plan_micro_batches([len(s.tokens) for s in b], rt.world, cfg.optimizer.micro_batch_tokens)
+                 for b in batches]
+        # pi_prev is the policy before the first step, for every mini-batch.
+        for batch, plan in zip(batches, plans):
+            if len(batches) > 1:
+                _forward_pass(model, batch, plan, rt, "prev_logprobs")
+            if ref_model is not None:
+                _forward_pass(ref_model, batch, plan, rt, "ref_logprobs")
+        del ref_model
+        if not self.resident_reference:
+            self.ref_model = None
+        # With several steps, a later one can abort after an earlier one moved the policy:
+        # keep a copy to put back (one step aborts before optimizer.step(), nothing to undo).
+        snapshot = _snapshot(params, optimizer) if len(batches) > 1 else None
+        steps = []
+        try:
+            for batch, plan in zip(batches, plans):
+                # Global counts of this optimizer step's batch: every rank computes the same.
+                toks = float(sum(s.token_mask.sum().item() for s in batch))
+                seqs = float(len(batch))
+
+                def loss_fn(mb, curr):
+                    prev = curr.detach() if mb.prev_logprobs is None else mb.prev_logprobs
+                    return clipped_pg_loss(curr, prev, mb.gen_logprobs, mb.advantages, mb.token_mask,
+                                           mb.sample_mask, toks, seqs, cfg.grpo, reference_logprobs=mb.ref_logprobs)
+
+                m = _optimizer_step(model, params, optimizer, batch, plan, rt, loss_fn, cfg.effective_grad_clip)
+                steps.append({**m, "valid_tokens": int(toks), "num_samples": len(batch)})
+        except UpdateAborted:
+            if snapshot is not None and steps:
+                _restore(params, optimizer, snapshot)
+            raise
+        del snapshot
+        t_updated = time.perf_counter()
+
+        info = {"mode": "grpo", "optimizer_steps": len(steps)}
+        save_s = _save(model, optimizer if save_optimizer else None, rt, out_dir, self.model_dir, version, info)
+        resumed = self.resumed
+        self.model_dir, self.version = Path(out_dir), version
+        self.resumed = self.resumed or bool(steps)
+        self.optimizer_unsaved = not save_optimizer
+        metrics = _combine_steps(steps)
+        metrics.update(
+            policy_version=version, world_size=rt.world, optimizer_steps=len(steps), optimizer_resumed=bool(resumed),
+            optimizer_saved=save_optimizer, num_samples=len(samples), num_masked_samples=num_masked,
+            lr=cfg.effective_lr, grad_clip=cfg.effective_grad_clip, load_seconds=t_loaded - t0,
+            update_seconds=t_updated - t_loaded, save_seconds=save_s, seconds=time.perf_counter() - t0,
+            tokens_per_second=metrics.get("tokens", 0) / max(t_updated - t_loaded, 1e-9),
+            skipped=not steps, peak_rss_mib=_all_reduce([peak_rss_mib()], "max")[0],
+        )
+        return metrics
+
+    def save_optimizer_state(self) -> bool:
+        """Write the in-memory AdamW state into the latest checkpoint dir if an update skipped it.
+        Collective (every rank calls it). True when something was written."""
+        if not self.optimizer_unsaved:
+            return False
+        state = ckpt.full_optimizer_state(self.model, self.optimizer)
+        if self.rt.main:
+            tmp = self.model_dir / f".{ckpt.OPTIMIZER_FILE}.tmp-{os.getpid()}"
+            torch.save(state, tmp)
+            os.replace(tmp, self.model_dir / ckpt.OPTIMIZER_FILE)  # a reader sees all of it or none
+        if self.rt.world > 1:
+            dist.barrier()
+        self.optimizer_unsaved = False
+        return True
+
+
+def _snapshot(params, optimizer) -> tuple[list[torch.Tensor], dict]:
+    """A copy of this rank's trainable weights (shards under FSDP2) and AdamW state."""
+    with torch.no_grad():
+        weights = [p.detach().clone() for p in params]
+    state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in optimizer.state.items()}
+    return weights, state
+
+
+def _restore(params, optimizer, snapshot) -> None:
+    weights, state = snapshot
+    with torch.no_grad():
+        for p, w in zip(params, weights):
+            p.copy_(w)
+    optimizer.state.clear()
+    optimizer.state.update(state)
+
+
 def grpo_update(
     model_dir: str | os.PathLike,
     trajectories: pa.Table | list[dict],
@@ -457,68 +610,18 @@ def grpo_update(
 ) -> dict:
     """One GRPO update: checkpoint `model_dir` + a step's rollouts -> checkpoint `out_dir`.
 
-    The batch is split into `optimizer_steps` mini-batches, one AdamW step each. With one
-    step, pi_prev is the policy before the update, i.e. the current logprobs detached in
-    the same pass (ratio 1, gradient through pi). With more, pi_prev comes from a no-grad
-    pass before the first step. AdamW moments are read from / written to `optimizer.pt`
+    See PolicyTrainer.update. AdamW moments are read from / written to `optimizer.pt`
     in the checkpoint dirs unless keep_optimizer_state is False.
     """
     t0 = time.perf_counter()
     if optimizer_steps < 1:
         raise ValueError("optimizer_steps must be >= 1")
+    # Check the input before paying for the model load.
     samples, num_masked = prepare_samples(trajectories, advantages, _vocab_size(model_dir))
-    beta = cfg.grpo.reference_policy_kl_penalty
-    if beta > 0 and reference_dir is None:
-        raise ValueError("reference_policy_kl_penalty > 0 needs reference_dir (the reference policy checkpoint)")
-    rt = init_runtime(precision)
-    torch.manual_seed(cfg.seed)
-    version = ckpt.read_policy_version(model_dir) + 1 if policy_version is None else policy_version
-    model, params = build_policy(model_dir, rt, cfg.optimizer.freeze_router)
-    optimizer = _adamw(params, cfg, cfg.effective_lr)
-    resumed = keep_optimizer_state and ckpt.load_optimizer_state(model, optimizer, model_dir)
-    for group in optimizer.param_groups:  # the saved state carries the old hyperparameters: use today's
-        group.update(lr=cfg.effective_lr, betas=tuple(cfg.optimizer.betas), eps=cfg.optimizer.eps,
-                     weight_decay=cfg.optimizer.weight_decay)
-    ref_model = build_policy(reference_dir, rt)[0].eval() if beta > 0 else None
-    t_loaded = time.perf_counter()
-
-    batches = [[samples[i] for i in c] for c in np.array_split(np.arange(len(samples)), optimizer_steps) if len(c)]
-    plans = [plan_micro_batches([len(s.tokens) for s in b], rt.world, cfg.optimizer.micro_batch_tokens)
-             for b in batches]
-    # pi_prev is the policy before the first step, for every mini-batch.
-    for batch, plan in zip(batches, plans):
-        if len(batches) > 1:
-            _forward_pass(model, batch, plan, rt, "prev_logprobs")
-        if ref_model is not None:
-            _forward_pass(ref_model, batch, plan, rt, "ref_logprobs")
-    del ref_model
-    steps = []
-    for batch, plan in zip(batches, plans):
-        # Global counts of this optimizer step's batch: every rank computes the same.
-        toks = float(sum(s.token_mask.sum().item() for s in batch))
-        seqs = float(len(batch))
-
-        def loss_fn(mb, curr):
-            prev = curr.detach() if mb.prev_logprobs is None else mb.prev_logprobs
-            return clipped_pg_loss(curr, prev, mb.gen_logprobs, mb.advantages, mb.token_mask, mb.sample_mask,
-                                   toks, seqs, cfg.grpo, reference_logprobs=mb.ref_logprobs)
-
-        m = _optimizer_step(model, params, optimizer, batch, plan, rt, loss_fn, cfg.effective_grad_clip)
-        steps.append({**m, "valid_tokens": int(toks), "num_samples": len(batch)})
-    t_updated = time.perf_counter()
-
-    info = {"mode": "grpo", "optimizer_steps": len(steps)}
-    save_s = _save(model, optimizer if keep_optimizer_state else None, rt, out_dir, model_dir, version, info)
-    metrics = _combine_steps(steps)
-    metrics.update(
-        policy_version=version, world_size=rt.world, optimizer_steps=len(steps), optimizer_resumed=bool(resumed),
-        num_samples=len(samples), num_masked_samples=num_masked, lr=cfg.effective_lr,
-        grad_clip=cfg.effective_grad_clip, load_seconds=t_loaded - t0, update_seconds=t_updated - t_loaded,
-        save_seconds=save_s, seconds=time.perf_counter() - t0,
-        tokens_per_second=metrics.get("tokens", 0) / max(t_updated - t_loaded, 1e-9),
-        skipped=not steps, peak_rss_mib=_all_reduce([peak_rss_mib()], "max")[0],
-    )
-    return metrics
+    trainer = PolicyTrainer(model_dir, cfg, reference_dir=reference_dir, keep_optimizer_state=keep_optimizer_state,
+                            precision=precision, resident_reference=False)
+    return trainer.update(samples, num_masked, out_dir, optimizer_steps=optimizer_steps,
+                          policy_version=policy_version, save_optimizer=keep_optimizer_state, t0=t0)
 
 
 def _combine_steps(steps: list[dict]) -> dict:
@@ -617,12 +720,13 @@ def sft_train(
 # ---------------------------------------------------------------------------- launching
 
 
-def trainer_command(mode: str, args: list[str], num_ranks: int = 1) -> list[str]:
-    """The command line that runs the trainer in `num_ranks` processes (torchrun when > 1)."""
+def trainer_command(mode: str | None, args: list[str], num_ranks: int = 1,
+                    module: str = "tasks.policy.trainer") -> list[str]:
+    """The command line that runs `module` in `num_ranks` processes (torchrun when > 1)."""
+    cmd = ["-m", module, *([mode] if mode else []), *args]
     if num_ranks > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_ranks}",
-                "-m", "tasks.policy.trainer", mode, *args]
-    return [sys.executable, "-m", "tasks.policy.trainer", mode, *args]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_ranks}", *cmd]
+    return [sys.executable, *cmd]
 
 
 def run_trainer(mode: str, args: list[str], num_ranks: int = 1, timeout: float | None = None,

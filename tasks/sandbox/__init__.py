@@ -9,8 +9,10 @@ One protocol, two backends chosen by `SandboxConfig.backend`:
 
     with open_sandbox(task_row, cfg, store, mode="agent") as sb:
         r = sb.run("python -c 'print(1)'", timeout=10)   # CommandResult(exit_code, output, timed_out, seconds, ...)
-        sb.write_file("/testbed/pkg/mod.py", "...")
-        text = sb.read_file("/testbed/pkg/mod.py")
+        r = sb.run("git apply -", stdin=patch_text)         # run(cmd, timeout=None, *, workdir="/testbed",
+                                                            #     output_cap=None, env=None, stdin=None)
+        sb.write_file("/testbed/pkg/mod.py", "...")         # parents created; owned by the sandbox user
+        text = sb.read_file("pkg/mod.py")                   # relative paths: relative to /testbed
         sb.copy_tree_in(host_dir, "/testbed/data")
         patch = sb.diff()                                   # the rollout's final patch
 
@@ -18,13 +20,20 @@ Modes: "agent" = /testbed only; the hidden tests and run_tests.sh are nowhere in
 sandbox. "grading" = also /root/r2e_tests and /root/run_tests.sh (read-only for uid 1000),
 where R2E-Gym keeps them; tasks/grading links /testbed/r2e_tests to them after the patch.
 
-Commands run in /testbed with `PYTEST_DISABLE_PLUGIN_AUTOLOAD=1` (local environments;
-real R2E-Gym images keep autoload, they may need their plugins). Output is stdout and
-stderr interleaved, capped at `output_cap_bytes` keeping head and tail. `timed_out` means
-our deadline killed the command (exit_code is then None). Errors that are not the agent's
-doing raise `SandboxInfraError` (retry it; never score it). Closing kills every process and
-removes the container / cgroups / temp dirs, also on Ctrl-C and exceptions (context
-manager + atexit); `reap_stale()` removes what a SIGKILLed process left.
+Commands run in /testbed as `/bin/sh -c CMD` with `PYTEST_DISABLE_PLUGIN_AUTOLOAD=1` (local
+environments; real R2E-Gym images keep autoload, they may need their plugins). Output is
+stdout and stderr together (bwrap: one pipe, in order; docker: two streams, so their
+relative order can differ), capped at `output_cap_bytes` keeping head and tail. `timed_out`
+means our deadline killed the command and everything it started (exit_code is then None).
+File operations run inside the sandbox as its user (the host never follows the agent's
+symlinks). bwrap: background processes end with their command; docker: they live on in
+the container until it closes (an exec whose background child keeps stdout open returns
+~2 s late: docker's own wait).
+
+Errors that are not the agent's doing raise `SandboxInfraError` (retry it; never score it).
+Closing kills every process and removes the container / cgroups / temp dirs, also on
+Ctrl-C and exceptions (context manager + atexit); `reap_stale()` (or `python -m
+tasks.sandbox reap`) removes what a SIGKILLed process left.
 
 Environment archive (`environment_uri` in the tasks table; an object-store URI of a
 .tar.gz, built by `build_environment_archive`, produced in this format by tasks/dataset):

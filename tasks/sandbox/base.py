@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import posixpath
 import re
 import threading
 import time
@@ -84,14 +85,16 @@ def decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+@=-][A-Za-z0-9._/+@= -]*$")
-
-
 def check_path(path: str) -> str:
-    """Paths we put into shell commands: absolute, no quoting tricks."""
-    if not _SAFE_PATH.match(path) or "/../" in path + "/":
+    """Paths travel as argv entries, never through a shell, so any name is safe; relative ones
+    are relative to the command's working directory (/testbed). Only NUL cannot be passed."""
+    if not isinstance(path, str) or not path or "\0" in path:
         raise ValueError(f"unsupported sandbox path {path!r}")
     return path
+
+
+def abs_workdir(workdir: str) -> str:
+    return posixpath.join("/testbed", check_path(workdir))
 
 
 class BaseSandbox:

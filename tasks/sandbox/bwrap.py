@@ -31,7 +31,7 @@ import time
 
 from tasks.sandbox import image as image_mod
 from tasks.sandbox.base import (LOCAL_PATH, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, add_cpu_seconds, check_path, decode, new_id, register)
+                                SandboxInfraError, abs_workdir, add_cpu_seconds, check_path, decode, new_id, register)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
 HOST_UID = int(os.environ.get("RLVR_BWRAP_HOST_UID", "61000"))
@@ -287,7 +287,7 @@ class BwrapSandbox(BaseSandbox):
             stdin: str | bytes | None = None) -> CommandResult:
         data = stdin.encode() if isinstance(stdin, str) else stdin
         r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
-                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=check_path(workdir), env=env)
+                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=abs_workdir(workdir), env=env)
         return r
 
     # -- files --------------------------------------------------------------------------

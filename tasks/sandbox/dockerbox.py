@@ -11,9 +11,10 @@ swap), pids and CPU limits, all capabilities dropped and no-new-privileges.
 
 `cfg.docker_reuse` keeps containers of archive tasks warm between sandboxes: on
 close the container is reset (every uid-1000 process killed, every place uid 1000
-can write emptied) and handed to the next sandbox of the same environment, mode and
-limits. uid 1000 cannot write anywhere else, so a reset container is as clean as a
-new one. Image tasks run as root and are never reused.
+can write emptied, the hidden tests removed) and handed to the next sandbox on the
+same image and limits, whatever its task or mode (at most `cfg.concurrency` idle per
+image and limits). uid 1000 cannot write anywhere else, so a reset container is as
+clean as a new one. Image tasks run as root and are never reused.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import threading
 import time
 
 from tasks.sandbox.base import (LOCAL_PATH, R2E_PATH, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, add_cpu_seconds, check_path, decode, new_id, register)
+                                SandboxInfraError, abs_workdir, add_cpu_seconds, check_path, decode, new_id, register)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
 LABEL = "rlvr.sandbox"
@@ -130,7 +131,8 @@ class DockerSandbox(BaseSandbox):
             # Real R2E-Gym images may rely on pytest plugins (e.g. asyncio): leave autoload on.
             self.env_vars = {"PATH": R2E_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
         self.reusable = bool(getattr(cfg, "docker_reuse", False)) and self.local
-        self.pool_key = (env.image, env.key, mode, cfg.memory_mb, cfg.pids_limit, cfg.cpus)
+        # Any environment and mode on the same image and limits: a reset container holds nothing.
+        self.pool_key = (env.image, cfg.memory_mb, cfg.pids_limit, cfg.cpus)
         t0 = time.monotonic()
         register(self)
         try:
@@ -314,7 +316,7 @@ class DockerSandbox(BaseSandbox):
             stdin: str | bytes | None = None) -> CommandResult:
         data = stdin.encode() if isinstance(stdin, str) else stdin
         r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
-                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=check_path(workdir), env=env)
+                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=abs_workdir(workdir), env=env)
         return r
 
     # -- files (through the sandbox user, so permissions and symlinks are the sandbox's) --
@@ -354,14 +356,18 @@ class DockerSandbox(BaseSandbox):
         """Make a used container as clean as a new one; False if that cannot be shown."""
         dirs = " ".join(WRITABLE)
         # Not under `timeout`: kill(-1) would kill that wrapper too.
-        script = (f"{_KILL_ALL} && "
-                  f"chmod -R u+rwX {dirs} 2>/dev/null; find {dirs} -mindepth 1 -delete 2>/dev/null; "
+        script = (f"{_KILL_ALL} && chmod -R u+rwX {dirs} 2>/dev/null; find {dirs} -mindepth 1 -delete 2>/dev/null; "
                   f"test -z \"$(find {dirs} -mindepth 1 2>/dev/null | head -n 1)\"")
         try:
             r, _ = self._exec(["/bin/sh", "-c", script], 30, 4096, workdir="/", wrap=False, closing=True)
+            if r.exit_code != 0:
+                return False
+            # The hidden tests are root's (uid 1000 could not touch them): root removes them.
+            r, _ = self._exec(["/bin/sh", "-c", "rm -rf /root/r2e_tests /root/run_tests.sh && "
+                               "test -z \"$(ls -A /root)\""], 30, 4096, workdir="/", user="0:0", closing=True)
+            return r.exit_code == 0
         except Exception:
             return False
-        return r.exit_code == 0
 
     def _close(self) -> None:
         c, self.container = self.container, None

@@ -16,13 +16,12 @@ import io
 import os
 import pathlib
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
 import threading
 from dataclasses import dataclass, field
-
-from tasks.sandbox import image as image_mod
 
 RUN_TESTS_SH = "#!/bin/bash\n.venv/bin/python -W ignore -m pytest -rA r2e_tests\n"
 GIT_EXCLUDES = ".venv\n__pycache__/\n*.pyc\n.pytest_cache/\n"
@@ -80,12 +79,13 @@ _ENVS: dict[str, Environment] = {}
 _ENVS_LOCK = threading.Lock()
 
 
-def resolve(task_row: dict, store, base_image: str = image_mod.IMAGE) -> Environment:
+def resolve(task_row: dict, store, base_image: str = "rlvr-sandbox:bookworm") -> Environment:
     uri = task_row.get("environment_uri")
     if not uri:
         img = task_row.get("docker_image")
         if not img:
-            raise EnvironmentError_(f"task {task_row.get('instance_id')!r} has neither environment_uri nor docker_image")
+            raise EnvironmentError_(f"task {task_row.get('instance_id')!r} has neither environment_uri "
+                                    "nor docker_image")
         return Environment(kind="image", key=img, image=img)
     with _ENVS_LOCK:
         env = _ENVS.get(uri)
@@ -110,7 +110,9 @@ def _sha256(path: pathlib.Path) -> str:
 
 
 def _extract(archive: pathlib.Path, key: str) -> pathlib.Path:
-    envs = image_mod.cache_dir() / "envs"
+    from tasks.sandbox.image import cache_dir  # imported late: `python -m tasks.sandbox.image` runs it
+
+    envs = cache_dir() / "envs"
     dest = envs / key[:32]
     if (dest / ".complete").exists():
         return dest
@@ -131,9 +133,7 @@ def _extract(archive: pathlib.Path, key: str) -> pathlib.Path:
             (tmp / "hidden").mkdir()
             (tmp / "r2e_tests").rename(tmp / "hidden" / "r2e_tests")
             (tmp / "run_tests.sh").rename(tmp / "hidden" / "run_tests.sh")
-            # Root-owned and world-readable: the sandbox user reads but cannot change these copies.
-            subprocess.run(["chown", "-R", "-h", "0:0", str(tmp)], check=True)
-            subprocess.run(["chmod", "-R", "a+rX,go-w", str(tmp)], check=True)
+            _root_owned_readable(tmp)
             (tmp / ".complete").write_text(key + "\n")
             if dest.exists():
                 shutil.rmtree(dest)
@@ -142,6 +142,21 @@ def _extract(archive: pathlib.Path, key: str) -> pathlib.Path:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return dest
+
+
+def _root_owned_readable(root: pathlib.Path) -> None:
+    """chown -R 0:0 and chmod -R a+rX,go-w: the sandbox user reads these copies, cannot change them."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [""] + dirnames + filenames:
+            p = os.path.join(dirpath, name) if name else dirpath
+            os.lchown(p, 0, 0)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode) | 0o444
+            if stat.S_ISDIR(st.st_mode) or mode & 0o100:
+                mode |= 0o111
+            os.chmod(p, mode & ~0o022)
 
 
 def build_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],

@@ -1,0 +1,443 @@
+"""Persistent trainer worker: load the policy and its AdamW state once, then serve GRPO updates.
+
+A one-shot trainer launch (`tasks.policy.trainer`) pays process start, imports, model
+and optimizer load every step; for a tiny model that is most of the step. The worker
+keeps them in memory between steps and still saves every new checkpoint dir (vLLM
+reloads weights from it; the run resumes from it).
+
+    python -m tasks.policy.worker --model DIR --config run.json [--reference DIR] [--precision fp32|bf16]
+    torchrun --standalone --nproc_per_node 2 -m tasks.policy.worker ...
+
+Protocol, one JSON object per line. Rank 0 reads requests on stdin and broadcasts each
+to the other ranks; every rank runs it; rank 0 answers one line on stdout. Nothing else
+goes to stdout: the worker points its stdout at stderr (the log) and keeps a private
+copy of the original for replies.
+
+    <- {"ok": true, "op": "ready", "policy_version": k, "world_size": n, ...}     once loaded
+    -> {"op": "grpo", "trajectories": PATH, "advantages": PATH, "out": DIR,
+        "policy_version": k (default: current + 1), "optimizer_steps": 1, "save_optimizer": true}
+    <- {"ok": true, "metrics": {...}}
+    <- {"ok": false, "error_type": "BadBatchError" | "JoinError" | "UpdateAborted" | ..., "message": ..., "fatal": false}
+    -> {"op": "stop"}                         (end of stdin counts as a stop: a vanished client leaves no worker)
+    <- {"ok": true, "op": "stop", "optimizer_saved": bool}, exit 0
+
+After a non-fatal error the in-memory policy and optimizer are exactly as before the
+request, so the previous checkpoint stands and the worker takes the next request. After
+a fatal one (an error while stepping or saving: the state may be ahead of the last
+checkpoint) the worker exits; start a new one from the last checkpoint dir.
+
+`TrainerWorker` is the client: it starts the worker (torchrun for N ranks), waits for it
+with a bound, sends requests, turns error replies into BadBatchError / UpdateAborted /
+WorkerError, and stops or kills the whole process tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from schemas.config import RunConfig
+
+OPS = {"grpo": ("trajectories", "advantages", "out"), "stop": ()}  # op -> required fields
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------- the worker (every rank)
+
+
+def _error(e: BaseException, error_type: str | None = None, fatal: bool = False) -> dict:
+    return {"ok": False, "error_type": error_type or type(e).__name__, "message": str(e), "fatal": fatal}
+
+
+def _reply(out, msg: dict) -> None:
+    out.write(json.dumps(msg) + "\n")
+    out.flush()
+
+
+def _read_request(inp, out) -> dict:
+    """Rank 0: the next valid request; malformed lines are answered here and skipped."""
+    while True:
+        line = inp.readline()
+        if not line:
+            return {"op": "stop", "eof": True}
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict) or req.get("op") not in OPS:
+                raise ValueError(f"expected a JSON object with op in {sorted(OPS)}, got {line.strip()[:200]}")
+            missing = [k for k in OPS[req["op"]] if k not in req]
+            if missing:
+                raise ValueError(f"{req['op']} request lacks {', '.join(missing)}")
+            return req
+        except ValueError as e:  # json.JSONDecodeError is one
+            _reply(out, _error(e, "BadRequest"))
+
+
+def _handle_grpo(trainer, req: dict) -> dict:
+    import pyarrow.parquet as pq
+
+    from tasks.policy.trainer import UpdateAborted, _all_reduce
+
+    t0 = time.perf_counter()
+    # Input phase: nothing in memory changes, so any error here is harmless.
+    err, samples, masked = None, [], 0
+    try:
+        steps, version = int(req.get("optimizer_steps", 1)), req.get("policy_version")
+        version = None if version is None else int(version)
+        if steps < 1:
+            raise ValueError("optimizer_steps must be >= 1")
+        samples, masked = trainer.prepare(pq.read_table(req["trajectories"]), pq.read_table(req["advantages"]))
+    except Exception as e:
+        err = e
+        print(f"[worker rank {trainer.rt.rank}] rejected: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    # Every rank must agree before the update's collectives (say, a file one rank cannot read).
+    if _all_reduce([float(err is not None)], "max")[0]:
+        return _error(err) if err is not None else _error(RuntimeError("the input failed on another rank (see the log)"),
+                                                          "InputError")
+    try:
+        metrics = trainer.update(samples, masked, req["out"], optimizer_steps=steps, policy_version=version,
+                                 save_optimizer=bool(req.get("save_optimizer", True)), t0=t0)
+    except UpdateAborted as e:  # all ranks abort together; the trainer put its state back
+        return _error(e)
+    except Exception as e:  # the policy may have moved past its last checkpoint: not safe to go on
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        return _error(e, fatal=True)
+    return {"ok": True, "metrics": metrics}
+
+
+def serve(trainer, inp, out) -> int:
+    """The request loop, on every rank (only rank 0 touches inp/out). Returns the exit code."""
+    import torch.distributed as dist
+
+    from tasks.policy.trainer import collective_device
+
+    rt = trainer.rt
+    while True:
+        req = _read_request(inp, out) if rt.main else None
+        if rt.world > 1:
+            box = [req]
+            dist.broadcast_object_list(box, src=0, device=collective_device())
+            req = box[0]
+        if req["op"] == "stop":
+            saved = trainer.save_optimizer_state()  # an update that skipped optimizer.pt: write it now
+            if rt.main:
+                _reply(out, {"ok": True, "op": "stop", "optimizer_saved": saved, "eof": bool(req.get("eof"))})
+            return 0
+        reply = _handle_grpo(trainer, req)
+        if rt.main:
+            m = reply.get("metrics", {})
+            print(f"[worker] grpo -> {req['out']}: " + (
+                f"v{m.get('policy_version')} loss {m.get('loss', float('nan')):.4g} in {m.get('seconds', 0):.2f} s"
+                if reply["ok"] else f"{reply['error_type']}: {reply['message']}"), file=sys.stderr, flush=True)
+            _reply(out, reply)
+        if reply.get("fatal"):
+            return 1
+
+
+def _die_with_launcher() -> None:
+    """Under torchrun: if the launcher is SIGKILLed (no chance to stop its ranks), the ranks go too."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return  # a 1-rank worker stops on end of stdin when its client goes
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the launcher was already gone
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tasks.policy.worker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="checkpoint dir to start from")
+    p.add_argument("--config", help="RunConfig as a JSON file (default: RunConfig())")
+    p.add_argument("--reference", help="reference policy dir (needed for a KL penalty); kept in memory")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--fresh-optimizer", action="store_true", help="ignore the optimizer.pt of --model")
+    a = p.parse_args(argv)
+    # The protocol owns the real stdout; everything else written to fd 1 (libraries, C code) goes to the log.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    _die_with_launcher()
+
+    from transformers.utils import logging as hf_logging
+
+    from tasks.policy.trainer import PolicyTrainer
+
+    hf_logging.disable_progress_bar()
+    cfg = RunConfig.model_validate_json(Path(a.config).read_text()) if a.config else RunConfig()
+    t0 = time.perf_counter()
+    try:
+        trainer = PolicyTrainer(a.model, cfg, reference_dir=a.reference, keep_optimizer_state=not a.fresh_optimizer,
+                                precision=a.precision)
+    except Exception as e:
+        if os.environ.get("RANK", "0") == "0":
+            _reply(out, {**_error(e, fatal=True), "op": "ready"})
+        raise
+    if trainer.rt.main:
+        _reply(out, {"ok": True, "op": "ready", "policy_version": trainer.version, "world_size": trainer.rt.world,
+                     "optimizer_resumed": bool(trainer.resumed), "load_seconds": time.perf_counter() - t0,
+                     "pid": os.getpid()})
+    code = serve(trainer, sys.stdin, out)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+# ---------------------------------------------------------------------------- the client
+
+
+class WorkerError(RuntimeError):
+    """The worker died, timed out, broke the protocol or failed fatally: it is gone.
+    Start a new one from the last checkpoint dir."""
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process, from /proc."""
+    table = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            table[int(d)] = (int(fields[1]), fields[0])
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (torchrun's ranks run in sessions of their own, so a
+    process-group kill would miss them)."""
+    table = _process_table()
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for child, (ppid, state) in table.items():
+            if ppid == parent and state not in "ZX":
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    state = _process_table().get(pid, (0, "X"))[1]
+    return state not in "ZX"
+
+
+def _kill_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End the worker and everything it started: SIGTERM (torchrun passes it on to its ranks),
+    then SIGKILL what is left. Only the processes found below our own child."""
+    if proc.stdin and not proc.stdin.closed:
+        try:
+            proc.stdin.close()  # end of input: a worker between requests stops by itself
+        except OSError:
+            pass
+    pids = [proc.pid, *descendants(proc.pid)] if proc.poll() is None else descendants(proc.pid)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        left = [p for p in pids if (proc.poll() is None if p == proc.pid else alive(p))]
+        if not left:
+            break
+        for p in left:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(
+                (proc.poll() is None if p == proc.pid else alive(p)) for p in left):
+            time.sleep(0.05)
+    proc.wait()
+
+
+class TrainerWorker:
+    """Client of a persistent trainer worker (see the module docstring for the protocol).
+
+        with TrainerWorker(model_dir, cfg) as w:
+            metrics = w.update(traj_path, adv_path, out_dir, policy_version=1)
+
+    num_ranks: None = cfg.optimizer.num_ranks (torchrun when > 1). The worker's stderr
+    (all ranks) goes to `log_path` (a temp file unless given). Errors: BadBatchError for
+    rejected input and UpdateAborted for a non-finite update (the worker goes on, state
+    unchanged); WorkerError when the worker is gone (died, timed out, fatal error).
+    """
+
+    def __init__(self, model_dir, cfg: RunConfig, num_ranks: int | None = None, precision: str | None = None, *,
+                 reference_dir=None, fresh_optimizer: bool = False, log_path=None, start_timeout: float = 600.0,
+                 env: dict | None = None):
+        self.model_dir, self.cfg, self.precision = Path(model_dir), cfg, precision
+        self.num_ranks = num_ranks or cfg.optimizer.num_ranks
+        self.reference_dir, self.fresh_optimizer = reference_dir, fresh_optimizer
+        self.log_path = Path(log_path) if log_path else None
+        self.start_timeout, self.env = start_timeout, env
+        self.proc: subprocess.Popen | None = None
+        self.ready: dict | None = None
+        self.policy_version: int | None = None
+        self._lines: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+
+    # -- life cycle
+
+    def start(self) -> TrainerWorker:
+        from tasks.policy.trainer import trainer_command
+
+        if self.proc is not None:
+            raise RuntimeError("worker already started")
+        root = Path(__file__).resolve().parents[2]
+        self._tmp = tempfile.TemporaryDirectory(prefix="rlvr-worker-")
+        config = Path(self._tmp.name) / "run.json"
+        config.write_text(self.cfg.model_dump_json())
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="rlvr-trainer-worker-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        args = ["--model", str(self.model_dir), "--config", str(config)]
+        args += ["--reference", str(self.reference_dir)] if self.reference_dir is not None else []
+        args += ["--precision", self.precision] if self.precision else []
+        args += ["--fresh-optimizer"] if self.fresh_optimizer else []
+        env = {**os.environ, **(self.env or {})}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        with open(self.log_path, "ab") as logf:
+            # A session of its own: a terminal's Ctrl-C reaches the client, which then stops the worker.
+            self.proc = subprocess.Popen(
+                trainer_command(None, args, self.num_ranks, module="tasks.policy.worker"), cwd=root, env=env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
+        # Killed on garbage collection / interpreter exit if nobody stopped it.
+        self._finalizer = weakref.finalize(self, _kill_tree, self.proc, 2.0)
+        threading.Thread(target=self._read_stdout, args=(self.proc.stdout, self._lines), daemon=True).start()
+        log.info("trainer worker pid %s (%d ranks), log %s", self.proc.pid, self.num_ranks, self.log_path)
+        try:
+            ready = self._receive(self.start_timeout, "start-up")
+            if not ready.get("ok"):
+                raise WorkerError(f"trainer worker failed to load {self.model_dir}: {ready.get('error_type')}: "
+                                  f"{ready.get('message')}\n{self.log_tail()}")
+        except BaseException:
+            self.kill()
+            raise
+        self.ready, self.policy_version = ready, ready["policy_version"]
+        return self
+
+    def stop(self, timeout: float = 300.0) -> dict | None:
+        """Ask the worker to stop (it writes optimizer.pt into the latest checkpoint dir if an
+        update skipped it), wait for it, then make sure the whole tree is gone. Returns the reply."""
+        if self.proc is None:
+            return None
+        reply = None
+        try:
+            if self.proc.poll() is None:
+                reply = self._request({"op": "stop"}, timeout, "stop")
+                self.proc.wait(timeout)
+        finally:
+            self.kill()
+        return reply
+
+    def kill(self) -> None:
+        """End the worker now (SIGTERM, then SIGKILL), torchrun ranks included."""
+        if self.proc is not None:
+            self._finalizer()  # runs _kill_tree once
+            self._tmp.cleanup()
+
+    def __enter__(self) -> TrainerWorker:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.stop()
+        else:  # an error or Ctrl-C: do not wait on a worker that may be mid-update
+            self.kill()
+
+    def pids(self) -> list[int]:
+        """The worker and its descendants (torchrun ranks), while it runs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        return [self.proc.pid, *descendants(self.proc.pid)]
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return f"(no log at {self.log_path})"
+        return f"--- tail of {self.log_path} ---\n{text[-chars:]}"
+
+    # -- requests
+
+    def update(self, trajectories_path, advantages_path, out_dir, policy_version: int | None = None,
+               optimizer_steps: int = 1, *, save_optimizer: bool = True, timeout: float | None = None) -> dict:
+        """One GRPO update; returns its metrics. save_optimizer=False skips writing optimizer.pt
+        (the AdamW state stays in memory; stop() writes it into the latest dir)."""
+        reply = self._request({"op": "grpo", "trajectories": str(trajectories_path),
+                               "advantages": str(advantages_path), "out": str(out_dir),
+                               "policy_version": policy_version, "optimizer_steps": optimizer_steps,
+                               "save_optimizer": save_optimizer}, timeout, "update")
+        if reply.get("ok"):
+            self.policy_version = reply["metrics"]["policy_version"]
+            return reply["metrics"]
+        from tasks.policy.trainer import BadBatchError, UpdateAborted
+
+        kind, msg = reply.get("error_type"), reply.get("message")
+        if reply.get("fatal"):
+            self.kill()
+            raise WorkerError(f"trainer worker failed and exited: {kind}: {msg}\n{self.log_tail()}")
+        if kind == "UpdateAborted":
+            raise UpdateAborted(msg)
+        raise BadBatchError(f"{kind}: {msg}")
+
+    def _request(self, req: dict, timeout: float | None, what: str) -> dict:
+        with self._lock:
+            if self.proc is None or self.proc.poll() is not None:
+                raise WorkerError(f"trainer worker is not running\n{self.log_tail() if self.log_path else ''}")
+            try:
+                self.proc.stdin.write(json.dumps(req) + "\n")
+                self.proc.stdin.flush()
+            except OSError:  # broken pipe: it died; _receive reports how
+                pass
+            return self._receive(timeout, what)
+
+    @staticmethod
+    def _read_stdout(stream, lines: queue.Queue) -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    def _receive(self, timeout: float | None, what: str) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=1.0 if deadline is None else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.kill()
+                    raise WorkerError(f"no reply from the trainer worker within {timeout} s ({what}); "
+                                      f"killed it\n{self.log_tail()}") from None
+                continue
+            if line is None:  # stdout closed: the worker is gone
+                try:
+                    code = self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    code = None
+                self.kill()
+                raise WorkerError(f"trainer worker exited (code {code}) during {what}\n{self.log_tail()}")
+            try:
+                msg = json.loads(line)
+                if isinstance(msg, dict) and "ok" in msg:
+                    return msg
+            except ValueError:
+                pass
+            log.warning("trainer worker wrote a non-protocol line to stdout: %r", line[:200])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
