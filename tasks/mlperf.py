@@ -7,6 +7,7 @@ in mllog's format; `check(path)` runs the official compliance checker.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -139,3 +140,22 @@ def check(path: str, ruleset: str = "6.1.0") -> tuple[bool, str]:
                               timeout=300, cwd=cwd)
     out = proc.stdout + proc.stderr
     return proc.returncode == 0 and "SUCCESS" in out, out
+
+
+def read_log_times(text: str) -> dict:
+    """run_start/run_stop times (ms) and the time to train in seconds (None while the run is open)."""
+    out: dict = {"evals": []}
+    for line in text.splitlines():
+        if not line.startswith(":::MLLOG "):
+            continue
+        rec = json.loads(line[len(":::MLLOG "):])
+        if rec["key"] == "run_start":
+            out["run_start_ms"] = rec["time_ms"]
+        elif rec["key"] == "run_stop":
+            out["run_stop_ms"] = rec["time_ms"]
+            out["status"] = rec["metadata"].get("status")
+        elif rec["key"] == "eval_accuracy":
+            out["evals"].append((rec["metadata"].get("samples_count"), rec["value"]))
+    if "run_start_ms" in out and "run_stop_ms" in out:
+        out["run_seconds"] = (out["run_stop_ms"] - out["run_start_ms"]) / 1000
+    return out

@@ -62,11 +62,13 @@ def infra_error_row(spec: RolloutSpec, task: dict, sample: int, reason: str, pol
 
 async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, store=None, *,
                   concurrency: int | None = None, partial_key: str | None = None, flush_every_s: float = 20.0,
-                  on_episode=None) -> pa.Table:
+                  on_episode=None, policy_factory=None) -> pa.Table:
     """Run `spec.samples_per_task` episodes of every task; return the trajectories table.
 
     `cfg` is the RunConfig (agent, sandbox, inference sections). With `partial_key` and a store,
     finished episodes are committed there as they accumulate and skipped when already present.
+    `policy_factory(task, sample, sandbox)`, when given, makes each episode's policy (the scripted
+    solver of the demonstrations); otherwise every episode samples from `policy`.
     """
     from tasks.inference import InferenceUnavailable
     from tasks.sandbox import SandboxInfraError, open_sandbox
@@ -94,6 +96,8 @@ async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, 
             await asyncio.to_thread(store.write_table, partial_key, table, "trajectories_partial", True)
             last_flush[0] = time.monotonic()
 
+    version = policy.version if policy is not None else -1
+
     async def one(task: dict, sample: int):
         async with sem:
             rid = rollout_id(spec.run_id, spec.step, task["instance_id"], sample)
@@ -102,19 +106,20 @@ async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, 
                 try:
                     sandbox = await asyncio.to_thread(open_sandbox, task, cfg.sandbox, store, "agent")
                 except SandboxInfraError as e:
-                    row = infra_error_row(spec, task, sample, f"sandbox could not start: {e}", policy.version)
+                    row = infra_error_row(spec, task, sample, f"sandbox could not start: {e}", version)
                     continue
                 try:
+                    actor = policy_factory(task, sample, sandbox) if policy_factory else policy
                     ep = await run_episode(
-                        task["problem_statement"], sandbox, policy, tokenizer, max_turns=agent.max_turns,
+                        task["problem_statement"], sandbox, actor, tokenizer, max_turns=agent.max_turns,
                         max_context_tokens=agent.max_context_tokens, max_tokens_per_turn=sampling_cap,
                         temperature=spec.temperature, top_p=spec.top_p, command_timeout_s=agent.command_timeout_s,
                         observation_cap_chars=agent.observation_cap_chars,
                         episode_timeout_s=agent.episode_timeout_s, prompt_style=agent.prompt_style)
-                    row = episode_row(spec, task, sample, ep, policy.version)
+                    row = episode_row(spec, task, sample, ep, actor.version)
                     break
                 except SandboxInfraError as e:
-                    row = infra_error_row(spec, task, sample, f"sandbox failed mid-episode: {e}", policy.version)
+                    row = infra_error_row(spec, task, sample, f"sandbox failed mid-episode: {e}", version)
                 except InferenceUnavailable as e:
                     server_failures += 1
                     if server_failures > cfg.sandbox.infra_retries:

@@ -140,7 +140,7 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
             raise ServerMismatchError(f"server saw {len(out.prompt_token_ids)} prompt tokens, we sent "
                                       f"{len(ep.token_ids)} (first difference at "
                                       f"{_first_difference(out.prompt_token_ids, ep.token_ids)})")
-        ep.policy_versions.append(policy.version)
+        ep.policy_versions.append(getattr(out, "policy_version", policy.version))
         append(list(out.token_ids), True, list(out.logprobs))
         ep.num_turns = turn + 1
         text = tokenizer.decode(out.token_ids, skip_special_tokens=False)

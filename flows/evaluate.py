@@ -1,0 +1,85 @@
+"""Evaluation: pass@k of a policy on the validation split (T=0.1, top-p 0.95 in the reference).
+
+`evaluation(ctx, step)` runs inside the train flow with its server; the
+`evaluate` flow serves a given checkpoint on its own (for a person, a
+deployment, or the warm-started base model).
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow, task
+from prefect.cache_policies import NONE
+
+from flows.grpo_iteration import collect_rollouts, grading
+from flows.runtime import RunContext, log
+from tasks.evaluation import eval_samples_table, eval_summary_row, spread, summarize
+from tasks.storage import stage_key
+
+
+@task(name="eval-rollouts", cache_policy=NONE)
+def eval_rollouts(ctx: RunContext, step: int) -> str:
+    key = stage_key(ctx.run_id, step, "eval_trajectories")
+    if ctx.store.is_committed(key):
+        return key
+    ids = ctx.split_ids("validation")[: ctx.cfg.eval.max_tasks]
+    table = ctx.loop.call(collect_rollouts(ctx, step, ids, "validation", ctx.cfg.eval.samples_per_task,
+                                           "eval_trajectories"))
+    ctx.store.write_table(key, table, stage="eval_trajectories")
+    return key
+
+
+@task(name="pass-at-k", cache_policy=NONE)
+def pass_at_k(ctx: RunContext, step: int, trajectories_key: str, rewards_key: str, seconds: float) -> dict:
+    key = stage_key(ctx.run_id, step, "eval_summary")
+    if ctx.store.is_committed(key):
+        return ctx.store.read_table(key).to_pylist()[0]
+    samples = eval_samples_table(ctx.store.read_table(trajectories_key), ctx.store.read_table(rewards_key))
+    ctx.store.write_table(stage_key(ctx.run_id, step, "eval_samples"), samples, stage="eval_samples", overwrite=True)
+    ids = ctx.split_ids("validation")[: ctx.cfg.eval.max_tasks]
+    s = summarize(samples.to_pylist(), ctx.cfg.eval.k, task_ids=ids)
+    versions = samples["policy_version"].to_pylist()
+    row = eval_summary_row(ctx.run_id, step, min(versions) if versions else ctx.policy_version, s, ctx.cfg.eval.k,
+                           samples_count=step * ctx.cfg.grpo.global_batch_size, seconds=seconds)
+    from tasks.evaluation import summary_table
+
+    ctx.store.write_table(key, summary_table([row]), stage="eval_summary")
+    ctx.store.put_json(stage_key(ctx.run_id, step, "eval_spread").replace(".parquet", ".json"), spread(s))
+    return row
+
+
+def evaluation(ctx: RunContext, step: int) -> dict:
+    t0 = time.monotonic()
+    with ctx.timed("evaluation"):
+        traj = eval_rollouts(ctx, step)
+        rew = grading(ctx, step, traj, stage="eval_rewards")
+        row = pass_at_k(ctx, step, traj, rew, time.monotonic() - t0)
+    log(f"step {step} evaluation: pass@{row['k']} {row['pass_at_k']:.3f}  pass@1 {row['pass_at_1']:.3f}  "
+        f"pass^{row['k']} {row['pass_hat_k']:.3f}  ({row['num_tasks']} tasks, {row['num_masked']} masked, "
+        f"{row['eval_seconds']:.0f} s)")
+    return row
+
+
+@flow(name="evaluate")
+def evaluate(preset: str = "mini", overrides: dict | None = None, checkpoint: str | None = None,
+             run_id: str | None = None, step: int = 0) -> dict:
+    """pass@k of `checkpoint` (a model dir or object-store URI; default: the preset's warm-started base)."""
+    from flows.prepare import prepare_run_context
+
+    ctx, base = prepare_run_context(preset, overrides, run_id or f"eval-{int(time.time())}")
+    try:
+        from tasks.policy.model import resolve_model_dir
+
+        model_dir = resolve_model_dir(ctx.store.uri(checkpoint) if checkpoint and "://" not in checkpoint
+                                      and not checkpoint.startswith("/") else (checkpoint or base["base_model"]),
+                                      storage_options=_storage_options(ctx))
+        ctx.start_policy(model_dir, version=0, trainer=False)
+        return evaluation(ctx, step)
+    finally:
+        ctx.close()
+
+
+def _storage_options(ctx: RunContext) -> dict | None:
+    ep = ctx.cfg.storage.endpoint_url
+    return {"client_kwargs": {"endpoint_url": ep}} if ep else None

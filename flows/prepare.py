@@ -1,0 +1,181 @@
+"""prepare: everything the timed run starts from, each piece cached in the object store.
+
+    dataset          tasks table (+ environment archives), verified in sandboxes
+    base model       tokenizer trained on train-split text + a tiny Qwen-family model (random init)
+    demonstrations   scripted-solver episodes on train tasks, through the real agent loop and sandboxes
+    warm start       supervised fine-tuning on the demonstrations -> the base checkpoint
+
+Every piece is keyed by a hash of what it depends on, so a second `make run`
+skips it; nothing here ever reads validation tasks except the dataset build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pathlib
+import random
+import tarfile
+import time
+
+from prefect import flow, task
+from prefect.cache_policies import NONE
+
+from flows.runtime import EventLoopThread, RunContext, config_json, load_tasks, log, work_root
+from schemas.config import RunConfig
+from schemas.presets import load_config
+from tasks.storage import Store
+
+TOKENIZER_CORPUS_VERSION = 1
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@task(name="dataset", cache_policy=NONE)
+def dataset(cfg: RunConfig, store: Store) -> str:
+    from tasks.dataset.build import build_dataset
+
+    t0 = time.monotonic()
+    key = build_dataset(cfg.dataset, store, cfg.sandbox)
+    log(f"prepare: tasks table {store.uri(key)} ({time.monotonic() - t0:.0f} s)")
+    return key
+
+
+def _train_corpus(store: Store, tasks: dict[str, dict]):
+    """Problem statements and repository code of the train split (never validation)."""
+    from tasks.policy.tokenizer import default_corpus
+
+    for t in sorted((t for t in tasks.values() if t["split"] == "train"), key=lambda t: t["instance_id"]):
+        yield t["problem_statement"]
+        if t.get("environment_uri"):
+            with tarfile.open(fileobj=io.BytesIO(store.get_bytes(t["environment_uri"])), mode="r:gz") as tar:
+                for m in tar.getmembers():
+                    if m.isfile() and m.name.startswith("testbed/") and m.name.endswith(".py"):
+                        yield tar.extractfile(m).read().decode("utf-8", "replace")
+    yield from default_corpus(max_chars=1_000_000)
+
+
+@task(name="base-model", cache_policy=NONE)
+def base_model(cfg: RunConfig, store: Store, tasks_key: str) -> str:
+    """The untrained policy: a tokenizer trained on the benchmark's train text + random weights.
+    With model.path set (a real checkpoint, e.g. Qwen3.5 on a cluster) that checkpoint is used as is."""
+    if cfg.model.path:
+        return cfg.model.path
+    from tasks.policy.model import build_policy
+
+    key = f"models/init-{_digest(tasks_key, cfg.model.model_dump(), TOKENIZER_CORPUS_VERSION)}"
+    if store.exists(key + ".commit"):
+        return key
+    t0 = time.monotonic()
+    out = work_root() / "prepare" / pathlib.PurePosixPath(key).name
+    build_policy(cfg.model, out, corpus=_train_corpus(store, load_tasks(store, tasks_key)))
+    store.put_dir(key, out)
+    store.put_json(key + ".commit", {"built_at": time.time(), "model": cfg.model.model_dump()})
+    log(f"prepare: tiny {cfg.model.arch} model + tokenizer at {store.uri(key)} ({time.monotonic() - t0:.0f} s)")
+    return key
+
+
+@task(name="demonstrations", cache_policy=NONE)
+def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str) -> str:
+    """Scripted-solver trajectories on the train split, through the real loop, tools and sandboxes."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from tasks.agent.scripted import ScriptedSolver
+    from tasks.dataset.mini import gold_patch
+    from tasks.rollout import RolloutSpec, collect
+
+    n = cfg.sft.demonstrations_per_task
+    key = f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-{_digest(model_key, n, cfg.agent.prompt_style, cfg.seed)}.parquet"
+    if store.is_committed(key):
+        return key
+    t0 = time.monotonic()
+    tasks = load_tasks(store, tasks_key)
+    train = [t for t in tasks.values() if t["split"] == "train"]
+    tokenizer = AutoTokenizer.from_pretrained(_local_model(cfg, store, model_key))
+    spec = RolloutSpec(run_id="demonstrations", step=0, split="train", samples_per_task=n, temperature=0.0, top_p=1.0)
+
+    def solver(task, sample, sandbox):
+        rng = random.Random(f"{cfg.seed}:{task['instance_id']}:{sample}")
+        return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng)
+
+    loop = EventLoopThread()
+    try:
+        table = loop.call(collect(train, spec, None, tokenizer, cfg, store, policy_factory=solver,
+                                  concurrency=max(2, cfg.sandbox.concurrency * 2)))
+    finally:
+        loop.close()
+    bad = [r for r in table.to_pylist() if r["finish_reason"] != "submitted"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} demonstrations did not submit, e.g. {bad[0]['rollout_id']}: "
+                           f"{bad[0]['finish_reason']} {bad[0]['error']}")
+    store.write_table(key, table, stage="demonstrations")
+    toks = sum(table["num_generated_tokens"].to_pylist())
+    log(f"prepare: {table.num_rows} demonstrations ({toks} generated tokens) in {time.monotonic() - t0:.0f} s")
+    return key
+
+
+@task(name="warm-start", cache_policy=NONE)
+def warm_start(cfg: RunConfig, store: Store, model_key: str, demos_key: str) -> str:
+    """Supervised fine-tuning on the demonstrations: the base checkpoint the timed run starts from."""
+    from tasks.policy.trainer import launch_sft
+
+    key = f"models/base-{_digest(model_key, demos_key, cfg.sft.model_dump(), cfg.seed)}"
+    if store.exists(key + ".commit"):
+        return key
+    t0 = time.monotonic()
+    out = work_root() / "prepare" / pathlib.PurePosixPath(key).name
+    metrics = launch_sft(_local_model(cfg, store, model_key), str(store.local_path(demos_key)), cfg, str(out))
+    store.put_dir(key, out)
+    store.put_json(key + ".commit", {"built_at": time.time(), "sft": cfg.sft.model_dump(), "metrics": metrics})
+    log(f"prepare: warm start {store.uri(key)}: {json.dumps(metrics, default=str)[:200]} "
+        f"({time.monotonic() - t0:.0f} s)")
+    return key
+
+
+def _local_model(cfg: RunConfig, store: Store, key: str) -> pathlib.Path:
+    from tasks.policy.model import resolve_model_dir
+
+    if "://" in key or key.startswith("/"):
+        return resolve_model_dir(key)
+    local = work_root() / "models" / pathlib.PurePosixPath(key).name
+    if not (local / ".complete").exists():
+        store.get_dir(key, local)
+        (local / ".complete").touch()
+    return local
+
+
+@flow(name="prepare")
+def prepare(preset: str = "mini", overrides: dict | None = None) -> dict:
+    """Build (or find cached) dataset, base model, demonstrations and warm-started checkpoint."""
+    cfg = load_config(preset, overrides)
+    return prepare_config(cfg)
+
+
+def prepare_config(cfg: RunConfig) -> dict:
+    store = Store.from_config(cfg.storage)
+    tasks_key = dataset(cfg, store)
+    model_key = base_model(cfg, store, tasks_key)
+    if cfg.model.path:  # a real checkpoint is its own base
+        return {"tasks": tasks_key, "model": model_key, "demonstrations": None, "base_model": model_key}
+    demos_key = demonstrations(cfg, store, tasks_key, model_key)
+    base_key = warm_start(cfg, store, model_key, demos_key)
+    return {"tasks": tasks_key, "model": model_key, "demonstrations": demos_key, "base_model": base_key}
+
+
+def prepare_run_context(preset: str, overrides, run_id: str) -> tuple[RunContext, dict]:
+    cfg = load_config(preset, overrides)
+    prepared = prepare_config(cfg)
+    store = Store.from_config(cfg.storage)
+    workdir = work_root() / run_id
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = RunContext(cfg=cfg, store=store, run_id=run_id, workdir=workdir, tasks=load_tasks(store, prepared["tasks"]))
+    prepared["base_model_dir"] = str(_local_model(cfg, store, prepared["base_model"]))
+    return ctx, prepared
+
+
+__all__ = ["prepare", "prepare_config", "prepare_run_context", "config_json"]

@@ -1,0 +1,148 @@
+"""What a flow run holds while it runs: config, store, the policy's server and trainer, progress.
+
+Flows pass object-store URIs between stages; the long-lived processes (the vLLM
+server, the trainer worker) and the event loop that drives rollouts live here,
+for the duration of one flow run, and are shut down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from schemas.config import RunConfig
+from tasks.storage import Store
+
+
+def log(msg: str) -> None:
+    """Progress for people: one line, flushed, also shown in the Prefect UI's logs."""
+    line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+    print(line, flush=True)
+    try:
+        from prefect.logging import get_run_logger
+
+        get_run_logger().info(msg)
+    except Exception:
+        pass  # outside a flow run
+
+
+class EventLoopThread:
+    """One asyncio loop in a background thread: rollouts, evaluations and weight reloads all
+    run on it, so one inference client (and its connection pool) serves them all, also while
+    the main thread waits on a policy update (overlapped collection)."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro):
+        return self.submit(coro).result()
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+@dataclass
+class RunContext:
+    cfg: RunConfig
+    store: Store
+    run_id: str
+    workdir: pathlib.Path
+    tasks: dict[str, dict] = field(default_factory=dict)
+    tokenizer: object = None
+    server: object = None
+    client: object = None
+    trainer: object = None
+    loop: EventLoopThread | None = None
+    policy_dir: pathlib.Path | None = None
+    policy_version: int = 0
+    mlperf: object = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def split_ids(self, split: str) -> list[str]:
+        return sorted(i for i, t in self.tasks.items() if t["split"] == split)
+
+    def start_policy(self, model_dir: pathlib.Path, version: int, trainer: bool = True) -> None:
+        """Serve `model_dir` with vLLM (or use external servers) and, for training, start the trainer."""
+        from tasks.inference import PolicyClient, VLLMServer
+        from tasks.policy.tokenizer import IM_END
+
+        if self.loop is None:
+            self.loop = EventLoopThread()
+        self.policy_dir, self.policy_version = model_dir, version
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if self.cfg.inference.mode == "external":
+            urls = list(self.cfg.inference.base_urls)
+        else:
+            t0 = time.monotonic()
+            self.server = VLLMServer(model_dir, self.cfg.inference, log_dir=self.workdir / "logs").start()
+            urls = [self.server.base_url]
+            log(f"vLLM serving policy v{version} at {self.server.base_url} "
+                f"(started in {time.monotonic() - t0:.0f} s, log {self.server.log_path})")
+        self.client = PolicyClient(urls, stop_token_ids=[self.tokenizer.convert_tokens_to_ids(IM_END)],
+                                   version=version)
+        if self.cfg.inference.mode == "external" and version > 0:
+            self.loop.call(self.client.reload_weights(model_dir, version))
+        if trainer:
+            from tasks.policy.worker import TrainerWorker
+
+            self.trainer = TrainerWorker(model_dir, self.cfg, num_ranks=self.cfg.optimizer.num_ranks,
+                                         log_dir=self.workdir / "logs").start()
+
+    def close(self) -> None:
+        for name in ("trainer", "server"):
+            obj = getattr(self, name)
+            if obj is not None:
+                try:
+                    obj.stop()
+                except Exception as e:  # keep closing the rest
+                    print(f"warning: stopping {name} failed: {e}", file=sys.stderr)
+                setattr(self, name, None)
+        if self.client is not None and self.loop is not None:
+            try:
+                self.loop.call(self.client.aclose())
+            except Exception:
+                pass
+        if self.loop is not None:
+            self.loop.close()
+            self.loop = None
+
+    def timed(self, stage: str):
+        ctx = self
+
+        class _T:
+            def __enter__(self):
+                self.t0 = time.monotonic()
+
+            def __exit__(self, *exc):
+                ctx.stage_seconds[stage] = ctx.stage_seconds.get(stage, 0.0) + time.monotonic() - self.t0
+
+        return _T()
+
+
+def load_tasks(store: Store, tasks_key: str) -> dict[str, dict]:
+    rows = store.read_table(tasks_key, stage="tasks").to_pylist()
+    return {r["instance_id"]: r for r in rows}
+
+
+def config_json(cfg: RunConfig) -> str:
+    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+
+
+def work_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("RLVR_WORK", ".rlvr/work")).resolve()

@@ -1,0 +1,199 @@
+"""train: the timed benchmark run (MLPerf run_start .. run_stop).
+
+    init (untimed)  prepare (cached), start vLLM + the trainer, evaluate the base checkpoint once
+    run_start
+    for step in 1..max_steps:
+        grpo_iteration(step)                      rollouts -> grading -> advantages -> update -> weight sync
+        evaluation(step) when due                 pass@k on the validation split; stop at the target
+    run_stop
+
+Resume: rerun with the same run id. Committed stages are skipped, the policy
+restarts from the last committed checkpoint, and the MLPerf log continues the
+same file: run_start stays at the first attempt's start, so the reported time
+to train includes the time lost to the crash. The manifest lists every attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import time
+
+from mlperf_logging.mllog import constants as C
+from prefect import flow
+
+from flows.evaluate import evaluation
+from flows.grpo_iteration import checkpoint_key, grpo_iteration
+from flows.prepare import prepare_run_context
+from flows.runtime import RunContext, config_json, log
+from schemas.manifest import Attempt, RunManifest
+from schemas.presets import ConfigError, load_config
+from tasks.mlperf import RunLog, deviations
+
+
+def _eval_due(cfg, step: int) -> bool:
+    e = cfg.eval
+    return step == cfg.max_steps or (step >= max(1, e.start_step) and (step - max(1, e.start_step)) % e.every_steps == 0)
+
+
+def _last_checkpoint(ctx: RunContext) -> int:
+    step = 0
+    while ctx.store.exists(checkpoint_key(ctx.run_id, step + 1) + ".commit"):
+        step += 1
+    return step
+
+
+def _git_version() -> str:
+    try:
+        import subprocess
+
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+@flow(name="train", validate_parameters=False)
+def train(preset: str = "mini", overrides: dict | None = None, run_id: str | None = None) -> dict:
+    """Train with GRPO until pass@k on the validation split reaches the target (or max_steps)."""
+    cfg = load_config(preset, overrides)
+    run_id = run_id or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    ctx, prepared = prepare_run_context(preset, overrides, run_id)
+    store = ctx.store
+    cfg_json = json.loads(config_json(cfg))
+    manifest = store.read_manifest(run_id)
+    if manifest is not None and manifest.config_sha256 != RunManifest.config_digest(cfg_json):
+        raise ConfigError(f"run {run_id} already exists with a different configuration; use a new run id")
+    if manifest is not None and manifest.status in ("succeeded", "target_not_reached"):
+        log(f"run {run_id} already finished ({manifest.status}); nothing to do")
+        return summarize_run(ctx, prepared)
+    resumed = manifest is not None
+    if manifest is None:
+        manifest = RunManifest(run_id=run_id, preset=preset, config=cfg_json,
+                               config_sha256=RunManifest.config_digest(cfg_json), code_version=_git_version())
+    start_step = _last_checkpoint(ctx) + 1
+    manifest.attempts.append(Attempt(started_at=time.time(), resumed_at_step=start_step if resumed else 0))
+    manifest.status = "running"
+    store.write_manifest(manifest)
+
+    log_path = ctx.workdir / "mlperf.log"
+    log_key = f"runs/{run_id}/mlperf.log"
+    if resumed and not log_path.exists() and store.exists(log_key):
+        log_path.write_bytes(store.get_bytes(log_key))
+    mllog = RunLog(str(log_path), division="open", platform=f"{os.cpu_count()}-core CPU")
+    ctx.mlperf = mllog
+    status = "aborted"
+    try:
+        if not resumed:
+            mllog.header(cfg)
+        for d in deviations(cfg):
+            log(f"note: {d}")
+        policy_dir, version = pathlib.Path(prepared["base_model_dir"]), 0
+        if start_step > 1:
+            policy_dir = ctx.workdir / "policy" / f"step-{start_step - 1:05d}"
+            if not policy_dir.exists():
+                store.get_dir(checkpoint_key(run_id, start_step - 1), policy_dir)
+            version = start_step - 1
+            log(f"resuming run {run_id} at step {start_step} from checkpoint v{version}")
+        ctx.start_policy(policy_dir, version)
+        base_row = evaluate_base(ctx, prepared)
+        if not resumed:
+            mllog.end(C.INIT_STOP)
+            mllog.start(C.RUN_START)
+        store.put_bytes(log_key, log_path.read_bytes())
+
+        gbs, target, reached = cfg.grpo.global_batch_size, cfg.eval.target, False
+        last = _last_eval(ctx, start_step - 1)
+        if last is not None and last["pass_at_k"] >= target:
+            reached = True  # killed after the deciding evaluation but before run_stop
+        step = start_step
+        while not reached and step <= cfg.max_steps:
+            log(f"step {step}/{cfg.max_steps} (policy v{ctx.policy_version})")
+            mllog.start(C.BLOCK_START, metadata={"samples_count": (step - 1) * gbs, "first_epoch_num": step - 1,
+                                                 "epoch_count": 1})
+            times = grpo_iteration(ctx, step)
+            mllog.end(C.BLOCK_STOP, metadata={"samples_count": step * gbs, "first_epoch_num": step - 1})
+            store.put_json(f"runs/{run_id}/step-{step:05d}/timings.json", times)
+            if _eval_due(cfg, step):
+                mllog.start(C.EVAL_START, metadata={"samples_count": step * gbs})
+                row = evaluation(ctx, step)
+                mllog.event(C.EVAL_ACCURACY, row["pass_at_k"], metadata={"samples_count": step * gbs})
+                mllog.end(C.EVAL_STOP, metadata={"samples_count": step * gbs})
+                reached = row["pass_at_k"] >= target
+            store.put_bytes(log_key, log_path.read_bytes())
+            step += 1
+        status = "success" if reached else "aborted"
+        mllog.end(C.RUN_STOP, metadata={"status": status})
+        store.put_bytes(log_key, log_path.read_bytes())
+        manifest.status = "succeeded" if reached else "target_not_reached"
+    except BaseException:
+        manifest.status = "failed"
+        raise
+    finally:
+        mllog.close()
+        manifest.attempts[-1].ended_at = time.time()
+        manifest.attempts[-1].status = manifest.status
+        store.write_manifest(manifest)
+        ctx.close()
+    return summarize_run(ctx, prepared, base_row)
+
+
+def evaluate_base(ctx: RunContext, prepared: dict) -> dict:
+    """pass@k of the warm-started base checkpoint, computed once per base model and reused by every run."""
+    base_id = pathlib.PurePosixPath(prepared["base_model"]).name
+    base_ctx = dataclasses.replace(ctx, run_id=f"base-{base_id}")
+    log("evaluating the warm-started base checkpoint (untimed, cached per base model)")
+    return evaluation(base_ctx, 0)
+
+
+def _last_eval(ctx: RunContext, up_to: int) -> dict | None:
+    for step in range(up_to, 0, -1):
+        if ctx.store.stage_committed(ctx.run_id, step, "eval_summary"):
+            return ctx.store.read_stage(ctx.run_id, step, "eval_summary").to_pylist()[0]
+    return None
+
+
+def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None) -> dict:
+    """What `make run` prints at the end: time to train, pass@k per evaluation, stage times, where things are."""
+    from tasks.mlperf import read_log_times
+
+    store, run_id = ctx.store, ctx.run_id
+    evals = []
+    steps = 0
+    for commit in store.commits(f"runs/{run_id}"):
+        if commit.stage == "eval_summary":
+            evals.append(store.read_table(commit.key).to_pylist()[0])
+    while store.exists(checkpoint_key(run_id, steps + 1) + ".commit"):
+        steps += 1
+    stage_totals: dict[str, float] = {}
+    for s in range(1, steps + 1):
+        key = f"runs/{run_id}/step-{s:05d}/timings.json"
+        if store.exists(key):
+            for k, v in store.get_json(key).items():
+                stage_totals[k] = stage_totals.get(k, 0.0) + v
+    for e in evals:
+        stage_totals["evaluation"] = stage_totals.get("evaluation", 0.0) + e["eval_seconds"]
+    manifest = store.read_manifest(run_id)
+    log_key = f"runs/{run_id}/mlperf.log"
+    times = read_log_times(store.get_bytes(log_key).decode()) if store.exists(log_key) else {}
+    if base_row is None and prepared.get("base_model"):
+        base_id = pathlib.PurePosixPath(prepared["base_model"]).name
+        if store.stage_committed(f"base-{base_id}", 0, "eval_summary"):
+            base_row = store.read_stage(f"base-{base_id}", 0, "eval_summary").to_pylist()[0]
+    return {
+        "run_id": run_id,
+        "status": manifest.status if manifest else "unknown",
+        "attempts": len(manifest.attempts) if manifest else 0,
+        "time_to_train_s": times.get("run_seconds"),
+        "steps": steps,
+        "base_pass_at_k": base_row["pass_at_k"] if base_row else None,
+        "base_pass_at_1": base_row["pass_at_1"] if base_row else None,
+        "evaluations": [{"step": e["step"], "pass_at_k": e["pass_at_k"], "pass_at_1": e["pass_at_1"],
+                         "samples_count": e["samples_count"]} for e in sorted(evals, key=lambda e: e["step"])],
+        "stage_seconds": {k: round(v, 1) for k, v in sorted(stage_totals.items())},
+        "mlperf_log": store.uri(log_key),
+        "tables": store.uri(f"runs/{run_id}"),
+        "prepared": {k: v for k, v in prepared.items() if k != "base_model_dir"},
+    }
