@@ -4,7 +4,9 @@
 The model is the mini preset's tiny policy (ModelConfig defaults, or --arch).
 vLLM: N concurrent requests (N = 1, 8, 32), each a distinct --prompt-len token
 prompt, --new-tokens sampled tokens (T=1); throughput = generated tokens /
-wall time. HF: the same prompts as one batch of N. Medians over --repeats.
+wall time. HF: the same prompts as one batch of N, run right after each vLLM
+round (the idle server stays up) so that both see the same machine load; the
+ratio is the median of the per-round ratios. Medians over --repeats.
 
     .venv/bin/python tests/bench/bench_inference.py [--threads 1] [--compiled] [--arch qwen3_moe]
 """
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -78,7 +81,8 @@ def main():
     icfg = InferenceConfig(max_model_len=a.prompt_len + a.new_tokens + 16, max_num_seqs=max(a.concurrency),
                            cpu_kvcache_gib=2, cpu_threads=a.threads, enforce_eager=not a.compiled,
                            startup_timeout_s=900)
-    rows = []
+    torch.set_num_threads(a.hf_threads)
+    per = {n: {"vllm": [], "hf": [], "ratio": []} for n in a.concurrency}
     t0 = time.perf_counter()
     with VLLMServer(model_dir, icfg, log_dir=work / "logs") as server:
         startup = time.perf_counter() - t0
@@ -86,21 +90,25 @@ def main():
 
         async def run_all():
             await client.generate(prompts(1, a.prompt_len, mcfg.vocab_size)[0], 8)  # warm-up
-            out = {}
-            for n in a.concurrency:
-                batch = prompts(n, a.prompt_len, mcfg.vocab_size)
-                out[n] = [await vllm_round(client, batch, a.new_tokens) for _ in range(a.repeats)]
-            return out
+            if not a.skip_hf:
+                hf_round(model, prompts(1, a.prompt_len, mcfg.vocab_size), 4)
+            for _ in range(a.repeats):
+                for n in a.concurrency:
+                    batch = prompts(n, a.prompt_len, mcfg.vocab_size)
+                    v = await vllm_round(client, batch, a.new_tokens)
+                    per[n]["vllm"].append(v)
+                    if not a.skip_hf:
+                        h = hf_round(model, batch, a.new_tokens)
+                        per[n]["hf"].append(h)
+                        per[n]["ratio"].append(v / h)
 
-        vllm_res = asyncio.run(run_all())
-    torch.set_num_threads(a.hf_threads)
+        asyncio.run(run_all())
+    rows = []
     for n in a.concurrency:
-        row = {"concurrency": n, "vllm_tok_s": round(statistics.median(vllm_res[n]))}
+        row = {"concurrency": n, "vllm_tok_s": round(statistics.median(per[n]["vllm"]))}
         if not a.skip_hf:
-            batch = prompts(n, a.prompt_len, mcfg.vocab_size)
-            hf_round(model, batch[:1], 4)  # warm-up
-            hf = statistics.median(hf_round(model, batch, a.new_tokens) for _ in range(a.repeats))
-            row |= {"hf_tok_s": round(hf), "ratio": round(row["vllm_tok_s"] / hf, 2)}
+            row |= {"hf_tok_s": round(statistics.median(per[n]["hf"])),
+                    "ratio": round(statistics.median(per[n]["ratio"]), 1)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     meta = {"arch": a.arch, "vllm_threads": a.threads or "vllm default", "hf_threads": a.hf_threads,
@@ -109,6 +117,7 @@ def main():
     print(json.dumps(meta))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ For each architecture at the mini preset's width (ModelConfig defaults: hidden
 256, 4 layers, 4 heads / 2 KV heads, FFN 768, MoE 8 experts top-2, vocab 4096):
 parameter counts, training throughput (forward + backward + AdamW step, fp32)
 and Hugging Face `generate` throughput (KV cache, batch of prompts, fp32).
-Medians over --repeats timed runs after a warm-up.
+Medians over --repeats timed runs after a warm-up. The architectures are
+measured in turns (round-robin) so that a busy machine slows all of them alike.
 
     .venv/bin/python tests/bench/bench_model.py [--threads 2] [--repeats 5] [--arch qwen3_moe qwen3 ...]
 """
@@ -22,42 +23,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-def bench_train(model, vocab, batch, seq, repeats):
+def train_step(model, opt, ids):
+    t0 = time.perf_counter()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def generate_once(model, ids, new_tokens):
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(10, vocab, (batch, seq), generator=g)
-    times = []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i:  # first run is warm-up
-            times.append(time.perf_counter() - t0)
-    return batch * seq / statistics.median(times)
-
-
-def bench_generate(model, vocab, batch, prompt_len, new_tokens, repeats):
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(10, vocab, (batch, prompt_len), generator=g)
     model.eval()
-    times = []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0,
-                                 pad_token_id=0)
-        assert out.shape[1] == prompt_len + new_tokens
-        if i:
-            times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0,
+                             pad_token_id=0)
+    dt = time.perf_counter() - t0
     model.train()
-    return batch * new_tokens / statistics.median(times)
+    assert out.shape[1] == ids.shape[1] + new_tokens
+    return dt
 
 
 def main():
@@ -81,17 +68,29 @@ def main():
 
     torch.set_num_threads(a.threads)
     tok = train_tokenizer(vocab_size=ModelConfig().vocab_size)
-    results = []
+    g = torch.Generator().manual_seed(0)
+    train_ids = torch.randint(10, ModelConfig().vocab_size, (a.train_batch, a.train_seq), generator=g)
+    gen_ids = torch.randint(10, ModelConfig().vocab_size, (a.gen_batch, a.gen_prompt), generator=g)
+    models = {}
     for arch in a.arch:
-        cfg = ModelConfig(arch=arch)
-        model = build_tiny_model(cfg, tok)
+        model = build_tiny_model(ModelConfig(arch=arch), tok)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        train_step(model, opt, train_ids)  # warm-up
+        generate_once(model, gen_ids[:, :8], 2)
+        models[arch] = (model, opt)
+    times = {arch: {"train": [], "gen": []} for arch in a.arch}
+    for _ in range(a.repeats):
+        for arch, (model, opt) in models.items():
+            times[arch]["train"].append(train_step(model, opt, train_ids))
+            times[arch]["gen"].append(generate_once(model, gen_ids, a.gen_new))
+    results = []
+    for arch, (model, _) in models.items():
         row = {
             "arch": arch,
             "params_total_M": round(num_parameters(model) / 1e6, 2),
             "params_active_M": round(num_parameters(model, active=True) / 1e6, 2),
-            "train_tok_s": round(bench_train(model, cfg.vocab_size, a.train_batch, a.train_seq, a.repeats)),
-            "generate_tok_s": round(bench_generate(model, cfg.vocab_size, a.gen_batch, a.gen_prompt, a.gen_new,
-                                                   a.repeats)),
+            "train_tok_s": round(a.train_batch * a.train_seq / statistics.median(times[arch]["train"])),
+            "generate_tok_s": round(a.gen_batch * a.gen_new / statistics.median(times[arch]["gen"])),
         }
         results.append(row)
         print(json.dumps(row), flush=True)
