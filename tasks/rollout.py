@@ -105,8 +105,9 @@ async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, 
             for attempt in range(cfg.sandbox.infra_retries + 1):
                 try:
                     sandbox = await asyncio.to_thread(open_sandbox, task, cfg.sandbox, store, "agent")
-                except SandboxInfraError as e:
-                    row = infra_error_row(spec, task, sample, f"sandbox could not start: {e}", version)
+                except Exception as e:  # engine down, archive missing, bad image: the task's, not the policy's
+                    row = infra_error_row(spec, task, sample,
+                                          f"sandbox could not start: {type(e).__name__}: {e}", version)
                     continue
                 try:
                     actor = policy_factory(task, sample, sandbox) if policy_factory else policy
