@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test setup system venv vllm-venv bench bench-storage clean-store
+.PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox
 
 run: setup
 	$(PY) -m flows.main
@@ -39,7 +39,10 @@ $(VLLM_VENV)/.installed: requirements-vllm.lock
 system:
 	@if [ -x infra/system-setup.sh ]; then infra/system-setup.sh; fi
 
-bench: bench-storage
+bench: bench-storage bench-sandbox
 
 bench-storage: venv
 	$(PY) tests/bench/bench_storage.py
+
+bench-sandbox: venv system
+	$(PY) tests/bench/bench_sandbox.py
