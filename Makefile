@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox
+.PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset
 
 run: setup
 	$(PY) -m flows.main
@@ -39,10 +39,13 @@ $(VLLM_VENV)/.installed: requirements-vllm.lock
 system:
 	@if [ -x infra/system-setup.sh ]; then infra/system-setup.sh; fi
 
-bench: bench-storage bench-sandbox
+bench: bench-storage bench-sandbox bench-dataset
 
 bench-storage: venv
 	$(PY) tests/bench/bench_storage.py
 
 bench-sandbox: venv system
 	$(PY) tests/bench/bench_sandbox.py
+
+bench-dataset: venv system
+	$(PY) tests/bench/bench_dataset.py

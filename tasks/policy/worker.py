@@ -278,10 +278,12 @@ class TrainerWorker:
     def __init__(self, model_dir, cfg: RunConfig, num_ranks: int | None = None, precision: str | None = None, *,
                  reference_dir=None, fresh_optimizer: bool = False, log_path=None, start_timeout: float = 600.0,
                  env: dict | None = None):
-        self.model_dir, self.cfg, self.precision = Path(model_dir), cfg, precision
+        # Absolute paths: the worker runs in the repository root, not in the caller's directory.
+        self.model_dir, self.cfg, self.precision = Path(model_dir).absolute(), cfg, precision
         self.num_ranks = num_ranks or cfg.optimizer.num_ranks
-        self.reference_dir, self.fresh_optimizer = reference_dir, fresh_optimizer
-        self.log_path = Path(log_path) if log_path else None
+        self.reference_dir = Path(reference_dir).absolute() if reference_dir is not None else None
+        self.fresh_optimizer = fresh_optimizer
+        self.log_path = Path(log_path).absolute() if log_path else None
         self.start_timeout, self.env = start_timeout, env
         self.proc: subprocess.Popen | None = None
         self.ready: dict | None = None
@@ -378,8 +380,8 @@ class TrainerWorker:
                optimizer_steps: int = 1, *, save_optimizer: bool = True, timeout: float | None = None) -> dict:
         """One GRPO update; returns its metrics. save_optimizer=False skips writing optimizer.pt
         (the AdamW state stays in memory; stop() writes it into the latest dir)."""
-        reply = self._request({"op": "grpo", "trajectories": str(trajectories_path),
-                               "advantages": str(advantages_path), "out": str(out_dir),
+        reply = self._request({"op": "grpo", "trajectories": os.path.abspath(trajectories_path),
+                               "advantages": os.path.abspath(advantages_path), "out": os.path.abspath(out_dir),
                                "policy_version": policy_version, "optimizer_steps": optimizer_steps,
                                "save_optimizer": save_optimizer}, timeout, "update")
         if reply.get("ok"):
