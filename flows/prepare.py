@@ -101,7 +101,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
 
     def solver(task, sample, sandbox):
         rng = random.Random(f"{cfg.seed}:{task['instance_id']}:{sample}")
-        return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng)
+        return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng, max_turns=cfg.agent.max_turns)
 
     loop = EventLoopThread()
     try:

@@ -102,7 +102,7 @@ class RunContext:
             from tasks.policy.worker import TrainerWorker
 
             self.trainer = TrainerWorker(model_dir, self.cfg, num_ranks=self.cfg.optimizer.num_ranks,
-                                         log_dir=self.workdir / "logs").start()
+                                         log_path=self.workdir / "logs" / "trainer.log").start()
 
     def close(self) -> None:
         for name in ("trainer", "server"):

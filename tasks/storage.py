@@ -233,7 +233,7 @@ class Store:
             return []
         out = []
         for m in self.fs.find(base):
-            if m.endswith(COMMIT_SUFFIX):
+            if m.endswith(".parquet" + COMMIT_SUFFIX):
                 rec = self._read_marker(m)
                 key = m[: -len(COMMIT_SUFFIX)]
                 key = key[len(self.base) + 1:] if key.startswith(self.base) else key

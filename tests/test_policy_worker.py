@@ -41,6 +41,12 @@ def step_files(d, model_dir, cfg, step, poison=False):
     return t, a
 
 
+def _short(d, files):
+    """The advantages file without its last row (a batch that does not join)."""
+    pq.write_table(pq.read_table(files[1]).slice(0, 7), d / "short.parquet")
+    return d / "short.parquet"
+
+
 def assert_same_checkpoint(a, b, exact=True):
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     for w in (wa, wb):  # FSDP2's full state dict also lists the tied lm_head (a copy of the embeddings)
@@ -117,7 +123,7 @@ def test_worker_matches_one_shot_and_survives_errors(tmp_path):
     one.mkdir(), w.mkdir()
     v0 = make_policy_dir(tmp_path / "v0")
     files = {1: step_files(tmp_path, v0, cfg, 1)}
-    worker = TrainerWorker(v0, cfg, num_ranks=1)
+    worker = TrainerWorker(v0, cfg, num_ranks=1, log_path=tmp_path / "worker.log")
     with worker:
         assert worker.ready["policy_version"] == 0 and worker.log_path.exists()
         for step in (1, 2, 3):
@@ -151,16 +157,11 @@ def test_worker_matches_one_shot_and_survives_errors(tmp_path):
     assert "[worker] grpo" in worker.log_path.read_text()
 
 
-def _short(d, files):
-    pq.write_table(pq.read_table(files[1]).slice(0, 7), d / "short.parquet")
-    return d / "short.parquet"
-
-
 def test_startup_failure_and_timeout_are_bounded(tmp_path):
     cfg = run_config()
     with pytest.raises(WorkerError, match=r"(?s)failed to load .*tail of"):
-        TrainerWorker(tmp_path / "missing", cfg, start_timeout=300).start()
-    w = TrainerWorker(make_policy_dir(tmp_path / "v0"), cfg, start_timeout=0.5)
+        TrainerWorker(tmp_path / "missing", cfg, start_timeout=300, log_path=tmp_path / "a.log").start()
+    w = TrainerWorker(make_policy_dir(tmp_path / "v0"), cfg, start_timeout=0.5, log_path=tmp_path / "b.log")
     with pytest.raises(WorkerError, match="no reply .* within 0.5 s"):
         w.start()
     assert w.proc.returncode is not None and w.pids() == []
@@ -176,7 +177,7 @@ def test_two_ranks_match_one_rank_and_leave_no_processes(tmp_path):
     poisoned = step_files(tmp_path, tmp_path / "one1", cfg, 2, poison=True)
     t2, a2 = step_files(tmp_path, tmp_path / "one1", cfg, 2)
     one2 = grpo_update(tmp_path / "one1", pq.read_table(t2), pq.read_table(a2), cfg, tmp_path / "one2")
-    worker = TrainerWorker(v0, cfg, num_ranks=2)
+    worker = TrainerWorker(v0, cfg, num_ranks=2, log_path=tmp_path / "worker.log")
     with pytest.raises(KeyboardInterrupt):
         with worker:
             pids = worker.pids()

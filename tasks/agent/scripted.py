@@ -95,8 +95,9 @@ class ScriptedSolver:
 
     version = -1
 
-    def __init__(self, task: dict, gold_patch: str, sandbox, tokenizer, rng: random.Random):
+    def __init__(self, task: dict, gold_patch: str, sandbox, tokenizer, rng: random.Random, max_turns: int = 30):
         self.task, self.patch, self.sandbox, self.tok, self.rng = task, gold_patch, sandbox, tokenizer, rng
+        self.max_turns = max_turns
         self.turns: list[dict] | None = None
         self.i = 0
 
@@ -106,7 +107,9 @@ class ScriptedSolver:
             raise ValueError(f"task {self.task['instance_id']}: gold patch has no hunks")
         m = IMPORT_RE.search(self.task["problem_statement"])
         turns = []
-        if m and self.rng.random() < 0.25:
+        optional = self.max_turns - (len(hunks) + len({h.path for h in hunks}) + 1)  # turns to spare
+        if m and optional >= 1 and self.rng.random() < 0.25:
+            optional -= 1
             turns.append({"name": "search", "arguments": {"search_term": f"def {m.group(2)}", "path": "/testbed"}})
         edits = []
         for path in dict.fromkeys(h.path for h in hunks):
@@ -119,7 +122,7 @@ class ScriptedSolver:
                 edits.append({"name": "file_editor", "arguments": {"command": "str_replace", "path": full,
                                                                    "old_str": old, "new_str": new}})
         turns += edits
-        if m and self.rng.random() < 0.25:
+        if m and optional >= 1 and self.rng.random() < 0.25:
             call = _reproduction(self.task["problem_statement"])
             if call:
                 turns.append({"name": "execute_bash", "arguments": {"cmd": call}})

@@ -76,6 +76,8 @@ class PolicyClient:
     """Requests spread over `base_urls` (least in-flight first, ties round-robin).
 
     stop_token_ids: usually [id of <|im_end|>] (tokenizer.special_token_ids).
+    Use one client per event loop (it is not thread-safe); `version` is the
+    policy version it last loaded (or was constructed with).
     """
 
     base_urls: list[str]

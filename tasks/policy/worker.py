@@ -17,7 +17,8 @@ copy of the original for replies.
     -> {"op": "grpo", "trajectories": PATH, "advantages": PATH, "out": DIR,
         "policy_version": k (default: current + 1), "optimizer_steps": 1, "save_optimizer": true}
     <- {"ok": true, "metrics": {...}}
-    <- {"ok": false, "error_type": "BadBatchError" | "JoinError" | "UpdateAborted" | ..., "message": ..., "fatal": false}
+    <- {"ok": false, "error_type": "BadBatchError" | "JoinError" | "UpdateAborted" | ..., "message": ...,
+        "fatal": false}
     -> {"op": "stop"}                         (end of stdin counts as a stop: a vanished client leaves no worker)
     <- {"ok": true, "op": "stop", "optimizer_saved": bool}, exit 0
 
@@ -104,8 +105,10 @@ def _handle_grpo(trainer, req: dict) -> dict:
         print(f"[worker rank {trainer.rt.rank}] rejected: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     # Every rank must agree before the update's collectives (say, a file one rank cannot read).
     if _all_reduce([float(err is not None)], "max")[0]:
-        return _error(err) if err is not None else _error(RuntimeError("the input failed on another rank (see the log)"),
-                                                          "InputError")
+        if err is None:
+            err = RuntimeError("the input failed on another rank (see the log)")
+            return _error(err, "InputError")
+        return _error(err)
     try:
         metrics = trainer.update(samples, masked, req["out"], optimizer_steps=steps, policy_version=version,
                                  save_optimizer=bool(req.get("save_optimizer", True)), t0=t0)

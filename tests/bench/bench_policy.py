@@ -202,8 +202,9 @@ def worker_comparison(work: Path, steps: int, ranks: int, env: dict) -> dict:
         print(f"{name:34s} {r['wall_seconds']:8.2f} {r['update_seconds']:9.2f} {r['overhead_seconds']:11.2f} "
               f"{r['save_seconds']:7.2f} {r['load_seconds']:7.2f}")
     a, b = out["one-shot launch per step"], out["worker, optimizer.pt saved"]
-    print(f"worker start-up {start:.1f} s (once), stop {stop:.1f} s; per step: {a['wall_seconds'] / b['wall_seconds']:.1f}x "
-          f"faster, {a['overhead_seconds'] - b['overhead_seconds']:.1f} s of overhead saved (optimizer.pt saved every step)")
+    print(f"worker start-up {start:.1f} s (once), stop {stop:.1f} s; per step: "
+          f"{a['wall_seconds'] / b['wall_seconds']:.1f}x faster, {a['overhead_seconds'] - b['overhead_seconds']:.1f} s "
+          "of overhead saved (optimizer.pt saved every step)")
     return out
 
 
@@ -217,7 +218,8 @@ def main():
                     "torchrun gives each of the 2 ranks 1 thread")
     ap.add_argument("--json-out", help="also write the results here")
     ap.add_argument("--what", choices=["update", "worker", "all"], default="update",
-                    help="update: trainer vs plain loop (default); worker: one-shot launch per step vs persistent worker")
+                    help="update: trainer vs plain loop (default); "
+                    "worker: one-shot launch per step vs persistent worker")
     ap.add_argument("--steps", type=int, default=6, help="--what worker: GRPO steps per chain")
     ap.add_argument("--ranks", type=int, default=1, help="--what worker: trainer ranks (torchrun when > 1)")
     ap.add_argument("--baseline-worker", help=argparse.SUPPRESS)
