@@ -43,8 +43,10 @@ async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], 
         if done[0] == total or done[0] % max(1, total // 4) == 0:
             log(f"step {step} {stage}: {done[0]}/{total} episodes")
 
+    log(f"step {step} {stage}: start ({total} episodes, policy v{ctx.client.version})")
     return await collect([ctx.tasks[i] for i in instance_ids], spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store,
-                         partial_key=stage_key(ctx.run_id, step, f"{stage}_partial"), on_episode=progress)
+                         partial_key=stage_key(ctx.run_id, step, f"{stage}_partial"), on_episode=progress,
+                         flush_every_s=ctx.cfg.agent.partial_flush_s)
 
 
 @task(name="rollouts", cache_policy=NONE)
@@ -68,6 +70,7 @@ def grading(ctx: RunContext, step: int, trajectories_key: str, stage: str = "rew
     traj = ctx.store.read_table(trajectories_key).select(["rollout_id", "instance_id", "step", "final_patch",
                                                           "finish_reason"]).to_pylist()
     items = [(t["rollout_id"], ctx.run_id, step, ctx.tasks[t["instance_id"]], t["final_patch"]) for t in traj]
+    log(f"step {step} {stage}: start ({len(items)} patches)")
     table = grade_rollouts(items, ctx.cfg.sandbox, ctx.store)
     ctx.store.write_table(key, table, stage=stage)
     rewards = [r for r in table["reward"].to_pylist() if r is not None]
@@ -97,6 +100,7 @@ def update(ctx: RunContext, step: int, trajectories_key: str, advantages_key: st
     if ctx.store.exists(key + ".commit"):
         return key
     out = ctx.workdir / "policy" / f"step-{step:05d}"
+    log(f"step {step} update: start")
     metrics = ctx.trainer.update(str(ctx.store.local_path(trajectories_key)),
                                  str(ctx.store.local_path(advantages_key)), str(out), policy_version=step)
     ctx.store.put_dir(key, out)

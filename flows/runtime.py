@@ -96,7 +96,8 @@ class RunContext:
                 f"(started in {time.monotonic() - t0:.0f} s, log {self.server.log_path})")
         self.client = PolicyClient(urls, stop_token_ids=[self.tokenizer.convert_tokens_to_ids(IM_END)],
                                    version=version)
-        if self.cfg.inference.mode == "external" and version > 0:
+        if self.cfg.inference.mode == "external":
+            # Shared servers may hold anyone's weights: load ours (they must be able to read model_dir).
             self.loop.call(self.client.reload_weights(model_dir, version))
         if trainer:
             from tasks.policy.worker import TrainerWorker

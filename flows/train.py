@@ -30,7 +30,7 @@ from flows.prepare import prepare_run_context
 from flows.runtime import RunContext, config_json, log
 from schemas.manifest import Attempt, RunManifest
 from schemas.presets import ConfigError, load_config
-from tasks.mlperf import RunLog, deviations
+from tasks.mlperf import RunLog, deviations, read_log_times
 
 
 def _eval_due(cfg, step: int) -> bool:
@@ -104,10 +104,23 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
             mllog.start(C.RUN_START)
         store.put_bytes(log_key, log_path.read_bytes())
 
-        gbs, target, reached = cfg.grpo.global_batch_size, cfg.eval.target, False
-        last = _last_eval(ctx, start_step - 1)
-        if last is not None and last["pass_at_k"] >= target:
-            reached = True  # killed after the deciding evaluation but before run_stop
+        gbs, target = cfg.grpo.global_batch_size, cfg.eval.target
+
+        def evaluate_step(step: int) -> bool:
+            # A resumed run may already have logged this evaluation before it was killed: log it once.
+            logged = {n for n, _ in read_log_times(log_path.read_text())["evals"]}
+            if step * gbs not in logged:
+                mllog.start(C.EVAL_START, metadata={"samples_count": step * gbs})
+            row = evaluation(ctx, step)
+            if step * gbs not in logged:
+                mllog.event(C.EVAL_ACCURACY, row["pass_at_k"], metadata={"samples_count": step * gbs})
+                mllog.end(C.EVAL_STOP, metadata={"samples_count": step * gbs})
+            return row["pass_at_k"] >= target
+
+        reached = False
+        if start_step > 1 and _eval_due(cfg, start_step - 1):
+            # The evaluation of the last trained step: already decided, or cut short by the crash.
+            reached = evaluate_step(start_step - 1)
         step = start_step
         while not reached and step <= cfg.max_steps:
             log(f"step {step}/{cfg.max_steps} (policy v{ctx.policy_version})")
@@ -117,11 +130,7 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
             mllog.end(C.BLOCK_STOP, metadata={"samples_count": step * gbs, "first_epoch_num": step - 1})
             store.put_json(f"runs/{run_id}/step-{step:05d}/timings.json", times)
             if _eval_due(cfg, step):
-                mllog.start(C.EVAL_START, metadata={"samples_count": step * gbs})
-                row = evaluation(ctx, step)
-                mllog.event(C.EVAL_ACCURACY, row["pass_at_k"], metadata={"samples_count": step * gbs})
-                mllog.end(C.EVAL_STOP, metadata={"samples_count": step * gbs})
-                reached = row["pass_at_k"] >= target
+                reached = evaluate_step(step)
             store.put_bytes(log_key, log_path.read_bytes())
             step += 1
         status = "success" if reached else "aborted"
@@ -146,13 +155,6 @@ def evaluate_base(ctx: RunContext, prepared: dict) -> dict:
     base_ctx = dataclasses.replace(ctx, run_id=f"base-{base_id}")
     log("evaluating the warm-started base checkpoint (untimed, cached per base model)")
     return evaluation(base_ctx, 0)
-
-
-def _last_eval(ctx: RunContext, up_to: int) -> dict | None:
-    for step in range(up_to, 0, -1):
-        if ctx.store.stage_committed(ctx.run_id, step, "eval_summary"):
-            return ctx.store.read_stage(ctx.run_id, step, "eval_summary").to_pylist()[0]
-    return None
 
 
 def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None) -> dict:

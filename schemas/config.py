@@ -123,6 +123,9 @@ class AgentConfig(_Strict):
     episode_timeout_s: float = Field(600.0, gt=0)
     # Episodes in flight at once (each holds one sandbox).
     concurrency: int = Field(16, ge=1)
+    # Finished episodes are committed (as a partial table) at most this often, so a crash loses
+    # only the episodes in flight; 0 = after every episode.
+    partial_flush_s: float = Field(20.0, ge=0)
     # "full" = R2E-Gym-style prompts and tool descriptions; "short" keeps prompts small for tiny models.
     prompt_style: Literal["full", "short"] = "full"
     training: SamplingConfig = Field(default_factory=SamplingConfig)
