@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset
 
 run: setup
-	$(PY) -m flows.main
+	$(PY) -m flows.main --preset mini $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

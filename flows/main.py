@@ -57,10 +57,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from flows.train import train
 
-    summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=args.run_id)
+    try:
+        summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=args.run_id)
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print("error: the run failed; rerun the same command with --run-id to resume it", file=sys.stderr)
+        return 3
     print_summary(summary)
     if args.json:
         print(json.dumps(summary, indent=1))
+    # 0: target reached; 1: ran to max_steps without reaching it; 2: bad configuration; 3: failed
     return 0 if summary["status"] == "succeeded" else 1
 
 

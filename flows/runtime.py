@@ -81,6 +81,7 @@ class RunContext:
 
         if self.loop is None:
             self.loop = EventLoopThread()
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.policy_dir, self.policy_version = model_dir, version
         if self.tokenizer is None:
             from transformers import AutoTokenizer

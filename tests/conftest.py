@@ -1,10 +1,18 @@
 """Shared test set-up. Expensive fixtures (moto S3 server, sandbox image, vLLM server)
 live in tests/fixtures/<area>.py, are session-scoped, and are registered here."""
 
+import os
 import pathlib
+import tempfile
 
-import pytest
-import torch
+# Prefect: a throwaway home and no telemetry for the whole session, set before prefect is imported.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="rlvr-prefect-")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.pop("PREFECT_API_URL", None)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 pytest_plugins = sorted(
     f"tests.fixtures.{p.stem}"

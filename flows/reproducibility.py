@@ -1,0 +1,333 @@
+"""Reproducibility reruns: train a recorded run's configuration again and compare with it.
+
+    reproducibility(baseline_run_id="smoke-dev1")          rerun as `<baseline>-rerun-<time>`, compare
+    reproducibility(baseline_run_id=A, rerun_id=B)         B finished already: compare only (B unfinished: resume it)
+
+The rerun uses the baseline's frozen config (manifest.json) as is: the same
+dataset config and seeds, so the same tasks table, the same training batches and
+the same cached base checkpoint. The comparison is a table in the object store,
+`runs/<rerun>/reproducibility.parquet` (one row per metric and step, schema
+REPORT below), and a markdown artifact in the Prefect UI. A gated row outside its
+tolerance fails the flow run (after both are written).
+
+What is compared, and how strictly (sampling is not seeded per request today,
+so at T > 0 two runs sample different tokens; the tolerances say so):
+
+    config, pins       exact    configs equal; the same tasks table and base checkpoint, both
+                                committed before the baseline started (not rebuilt since)
+    batches            exact    each step's (instance, sample) set and the evaluation task set
+    prompts            exact    every rollout's first prompt, token for token
+    pass@k, pass@1     z-sigma  per evaluation, |delta| <= max(min_abs, z * pooled binomial SE over
+                                tasks); a bound on evaluation noise for one fixed policy; it does not
+                                cover two training paths drifting apart, which is what it should catch
+    reward per step    z-sigma  mean training reward, the same rule over graded rollouts
+    time to train      ratio    rerun / baseline within [1/time_ratio, time_ratio] (shared 2-core
+                                machines vary a lot: 2.0 by default)
+    trajectories       share    identical token sequences; gated only when sampling is greedy
+                                (temperature 0) for that split, otherwise reported as information
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pyarrow as pa
+from prefect import flow
+from pydantic import BaseModel, Field
+
+from schemas.tables import SCHEMAS, STR, I32, F64, BOOL, TableSchema, _rule, _values_in, _between
+from tasks.storage import Store, stage_key
+
+METRICS = ("config", "dataset", "base_checkpoint", "batch_membership", "eval_tasks", "prompt_agreement",
+           "pass_at_k", "pass_at_1", "train_reward_mean", "time_to_train_s", "trajectory_agreement",
+           "eval_trajectory_agreement", "reward_agreement")
+RULES = ("exact", "binomial", "ratio", "min_share", "info")
+
+# Proposed for schemas/tables.py (registered here until it moves there; the store validates with it).
+REPORT = TableSchema(
+    name="reproducibility",
+    id_column="row_id",
+    columns={
+        "row_id": (STR, False),            # "<metric>/<step or ->"
+        "baseline_run_id": (STR, False),
+        "rerun_id": (STR, False),
+        "metric": (STR, False),
+        "step": (I32, True),               # null for run-level metrics
+        "baseline": (F64, True),
+        "rerun": (F64, True),
+        "delta": (F64, True),              # rerun - baseline (ratio for time_to_train_s)
+        "tolerance": (F64, True),
+        "rule": (STR, False),
+        "gated": (BOOL, False),            # outside tolerance fails the flow run
+        "ok": (BOOL, False),
+        "detail": (STR, True),
+        "created_at": (F64, False),
+    },
+    unique=["row_id"],
+    rules=[_rule("metric_known", "metric", _values_in("metric", list(METRICS)), f"metric must be one of {METRICS}"),
+           _rule("rule_known", "rule", _values_in("rule", list(RULES)), f"rule must be one of {RULES}"),
+           _rule("tolerance_nonnegative", "tolerance", _between("tolerance", lo=0.0), "tolerance must be >= 0")],
+)
+SCHEMAS.setdefault("reproducibility", REPORT)
+
+
+class Tolerances(BaseModel):
+    z: float = Field(3.0, gt=0, description="pass@k, pass@1, reward: allowed |delta| in pooled binomial SEs")
+    min_abs: float = Field(0.0, ge=0, description="floor for those tolerances (absolute)")
+    time_ratio: float = Field(2.0, ge=1, description="time to train: allowed factor either way")
+    trajectory_agreement: float = Field(1.0, ge=0, le=1, description="share of identical trajectories required "
+                                                                    "when sampling is greedy")
+
+
+class ReproducibilityDrift(RuntimeError):
+    pass
+
+
+FINISHED = ("succeeded", "target_not_reached")
+
+
+# -- comparing two recorded runs ------------------------------------------------------------
+def _binomial_tol(p1: float, p2: float, n: int, tol: Tolerances) -> float:
+    p = (p1 + p2) / 2  # pooled: never a zero tolerance when the two differ
+    return max(tol.min_abs, tol.z * math.sqrt(2 * p * (1 - p) / max(n, 1)))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _base_checkpoint(store: Store, run_id: str) -> str | None:
+    from tasks.inspect import Run
+
+    return Run(store=store, run_id=run_id).base_checkpoint()
+
+
+def _tasks_commit(store: Store, run_id: str):
+    """The commit of the tasks table holding the run's first training batch."""
+    if not store.stage_committed(run_id, 1, "trajectories"):
+        return None
+    ids = set(store.read_stage(run_id, 1, "trajectories")["instance_id"].to_pylist())
+    for c in store.commits("datasets"):
+        if c.stage == "tasks" and ids <= set(store.read_table(c.key, stage="tasks")["instance_id"].to_pylist()):
+            return c
+    return None
+
+
+def _steps(store: Store, run_id: str, stage: str) -> list[int]:
+    from tasks.inspect import Run
+
+    return Run(store=store, run_id=run_id).steps(stage)
+
+
+def compare_runs(store: Store, baseline_id: str, rerun_id: str, tol: Tolerances | None = None) -> pa.Table:
+    """The reproducibility report of `rerun_id` against `baseline_id` (both in `store`), as a REPORT table."""
+    from tasks.mlperf import read_log_times
+
+    tol = tol or Tolerances()
+    now = time.time()
+    rows: list[dict] = []
+
+    def row(metric, step=None, base=None, rerun=None, delta=None, tolerance=None, rule="exact", gated=True,
+            ok=True, detail=None):
+        rows.append(dict(row_id=f"{metric}/{'-' if step is None else step}", baseline_run_id=baseline_id,
+                         rerun_id=rerun_id, metric=metric, step=step, baseline=base, rerun=rerun, delta=delta,
+                         tolerance=tolerance, rule=rule, gated=gated, ok=bool(ok), detail=detail, created_at=now))
+
+    mb, mr = store.read_manifest(baseline_id), store.read_manifest(rerun_id)
+    if mb is None or mr is None:
+        raise ValueError(f"no manifest for run {baseline_id if mb is None else rerun_id} in {store.root}")
+    baseline_start = min(a.started_at for a in mb.attempts) if mb.attempts else mb.created_at
+
+    # Config and pins.
+    fb, fr = _flatten(mb.config), _flatten(mr.config)
+    diff = sorted(k for k in set(fb) | set(fr) if k != "run_id" and fb.get(k, "<absent>") != fr.get(k, "<absent>"))
+    row("config", ok=not diff, detail=("differs: " + ", ".join(f"{k}={fb.get(k)!r}->{fr.get(k)!r}"
+                                                                for k in diff[:6])) if diff
+        else f"sha256 {mb.config_sha256[:12]}; seed {fb.get('seed')}, dataset.seed {fb.get('dataset.seed')}")
+    cb, cr = _tasks_commit(store, baseline_id), _tasks_commit(store, rerun_id)
+    same_ds = cb is not None and cr is not None and cb.key == cr.key and cb.sha256 == cr.sha256
+    row("dataset", ok=same_ds and cb.committed_at <= baseline_start,
+        detail=f"{cb.key} sha256 {cb.sha256[:12]}" if same_ds else f"baseline {cb and cb.key}, rerun {cr and cr.key}")
+    kb, kr = _base_checkpoint(store, baseline_id), _base_checkpoint(store, rerun_id)
+    built = store.get_json(f"models/{kb}.commit").get("built_at") if kb and store.exists(f"models/{kb}.commit") else None
+    row("base_checkpoint", ok=kb is not None and kb == kr and built is not None and built <= baseline_start,
+        detail=f"models/{kb}" + ("" if built is None or built <= baseline_start else " (rebuilt after the baseline ran)")
+        if kb == kr else f"baseline {kb}, rerun {kr}")
+
+    # Per training step: batches, prompts, trajectories, rewards.
+    greedy_train = fb.get("agent.training.temperature") == 0 and fr.get("agent.training.temperature") == 0
+    greedy_eval = fb.get("agent.validation.temperature") == 0 and fr.get("agent.validation.temperature") == 0
+    for step in sorted(set(_steps(store, baseline_id, "trajectories")) | set(_steps(store, rerun_id, "trajectories"))):
+        tb, tr = (_by_sample(store, r, step, "trajectories") for r in (baseline_id, rerun_id))
+        row("batch_membership", step, len(tb), len(tr), ok=set(tb) == set(tr),
+            detail=None if set(tb) == set(tr) else f"{len(set(tb) ^ set(tr))} (instance, sample) pairs differ")
+        common = set(tb) & set(tr)
+        if common:
+            same_prompt = sum(tb[k]["token_ids"][:tb[k]["prompt_length"]] == tr[k]["token_ids"][:tr[k]["prompt_length"]]
+                              for k in common) / len(common)
+            row("prompt_agreement", step, None, same_prompt, tolerance=0.0, ok=same_prompt == 1.0, rule="min_share")
+            same = sum(tb[k]["token_ids"] == tr[k]["token_ids"] for k in common) / len(common)
+            row("trajectory_agreement", step, None, same, tolerance=1 - tol.trajectory_agreement, rule="min_share"
+                if greedy_train else "info", gated=greedy_train, ok=same >= tol.trajectory_agreement,
+                detail=None if greedy_train else "T > 0 sampling without per-request seeds: differs by design")
+        rb, rr = (_rewards(store, r, step, "rewards") for r in (baseline_id, rerun_id))
+        if rb and rr:
+            both = set(rb) & set(rr)
+            if both:
+                row("reward_agreement", step, None, sum(rb[k] == rr[k] for k in both) / len(both), rule="info",
+                    gated=False)
+            gb, gr = [v for v in rb.values() if v is not None], [v for v in rr.values() if v is not None]
+            mb_, mr_ = sum(gb) / max(len(gb), 1), sum(gr) / max(len(gr), 1)
+            t = _binomial_tol(mb_, mr_, min(len(gb), len(gr)), tol)
+            row("train_reward_mean", step, mb_, mr_, mr_ - mb_, t, "binomial", ok=abs(mr_ - mb_) <= t + 1e-12)
+        else:
+            row("train_reward_mean", step, ok=False, detail=f"rewards missing in {'baseline' if not rb else 'rerun'}")
+
+    # Per evaluation: task set, pass@k, pass@1, trajectories.
+    for step in sorted(set(_steps(store, baseline_id, "eval_summary")) | set(_steps(store, rerun_id, "eval_summary"))):
+        have = [store.stage_committed(r, step, "eval_summary") for r in (baseline_id, rerun_id)]
+        if not all(have):
+            row("pass_at_k", step, ok=False, detail=f"evaluation missing in {'baseline' if not have[0] else 'rerun'}")
+            continue
+        eb, er = (store.read_stage(r, step, "eval_summary").to_pylist()[0] for r in (baseline_id, rerun_id))
+        for m in ("pass_at_k", "pass_at_1"):
+            t = _binomial_tol(eb[m], er[m], min(eb["num_tasks"], er["num_tasks"]), tol)
+            row(m, step, eb[m], er[m], er[m] - eb[m], t, "binomial", ok=abs(er[m] - eb[m]) <= t + 1e-12,
+                detail=f"k={eb['k']}, {eb['num_tasks']} tasks" if m == "pass_at_k" else None)
+        sb, sr = (_by_sample(store, r, step, "eval_trajectories") for r in (baseline_id, rerun_id))
+        tasks_b, tasks_r = {k[0] for k in sb}, {k[0] for k in sr}
+        row("eval_tasks", step, len(tasks_b), len(tasks_r), ok=tasks_b == tasks_r)
+        common = set(sb) & set(sr)
+        if common:
+            same = sum(sb[k]["token_ids"] == sr[k]["token_ids"] for k in common) / len(common)
+            row("eval_trajectory_agreement", step, None, same, tolerance=1 - tol.trajectory_agreement,
+                rule="min_share" if greedy_eval else "info", gated=greedy_eval, ok=same >= tol.trajectory_agreement)
+
+    # Time to train (MLPerf run_start..run_stop).
+    tb_, tr_ = (read_log_times(store.get_bytes(f"runs/{r}/mlperf.log").decode()).get("run_seconds")
+                if store.exists(f"runs/{r}/mlperf.log") else None for r in (baseline_id, rerun_id))
+    if tb_ and tr_:
+        ratio = tr_ / tb_
+        row("time_to_train_s", None, tb_, tr_, ratio, tol.time_ratio, "ratio",
+            ok=1 / tol.time_ratio <= ratio <= tol.time_ratio, detail=f"rerun/baseline = {ratio:.2f}")
+    else:
+        row("time_to_train_s", None, tb_, tr_, rule="info", gated=False, detail="no run_stop in an MLPerf log")
+    return REPORT.validate(REPORT.from_rows(rows))
+
+
+def _by_sample(store: Store, run_id: str, step: int, stage: str) -> dict:
+    if not store.stage_committed(run_id, step, stage):
+        return {}
+    t = store.read_stage(run_id, step, stage).select(["instance_id", "sample_index", "token_ids", "prompt_length"])
+    return {(r["instance_id"], r["sample_index"]): r for r in t.to_pylist()}
+
+
+def _rewards(store: Store, run_id: str, step: int, stage: str) -> dict:
+    if not store.stage_committed(run_id, step, stage):
+        return {}
+    # rollout ids embed the run id: key by (instance, sample) via the rollout id's tail
+    t = store.read_stage(run_id, step, stage).select(["rollout_id", "reward"]).to_pylist()
+    return {r["rollout_id"].split("/", 1)[1]: r["reward"] for r in t}
+
+
+def report_markdown(report: pa.Table) -> str:
+    rows = report.to_pylist()
+    failed = [r for r in rows if r["gated"] and not r["ok"]]
+    b, r0 = rows[0]["baseline_run_id"], rows[0]["rerun_id"]
+    head = (f"# reproducibility: `{r0}` vs baseline `{b}`: "
+            + (f"**DRIFT** ({len(failed)} gated check(s) outside tolerance)" if failed else "**reproduced**"))
+
+    def f(v, nd=3):
+        return "" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+
+    lines = [head, "", "| metric | step | baseline | rerun | delta | tolerance | rule | gated | ok | detail |",
+             "|---|---:|---:|---:|---:|---:|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['metric']} | {f(r['step'])} | {f(r['baseline'])} | {f(r['rerun'])} | {f(r['delta'])} | "
+                     f"{f(r['tolerance'])} | {r['rule']} | {'yes' if r['gated'] else 'no'} | "
+                     f"{'ok' if r['ok'] else ('**FAIL**' if r['gated'] else 'differs')} | {(r['detail'] or '').replace('|', '/')} |")
+    lines += ["", "Tolerances: pass@k, pass@1 and reward per step allow z pooled binomial standard errors "
+              "(evaluation noise of one policy); trajectories can only agree token for token where sampling is "
+              "greedy, so at T > 0 their agreement is information, not a check."]
+    return "\n".join(lines)
+
+
+# -- the flow ------------------------------------------------------------------------------
+@flow(name="reproducibility", description="Rerun a recorded run's configuration and compare: pass@k per "
+                                          "evaluation, reward per step, time to train, batches, trajectories.")
+def reproducibility(baseline_run_id: str, rerun_id: str = "", store_root: str = "file://.rlvr/store",
+                    endpoint_url: str = "", tolerances: Tolerances = Tolerances()) -> dict:
+    """Rerun a finished run's configuration and compare the two runs.
+
+    Args:
+        baseline_run_id: a finished run in the store
+        rerun_id: empty = <baseline>-rerun-<scheduled time> (a new training run); an existing finished run is
+            compared as it is, an unfinished one resumed first
+        store_root: object store holding the baseline (file:// or s3://)
+        endpoint_url: S3 endpoint for s3:// stores that are not AWS
+        tolerances: how far the rerun may be from the baseline before the flow run fails
+    """
+    from flows.artifacts import _flow_run_id, artifact_key, publish_run, publish_steps
+    from flows.runtime import log
+
+    store = Store(store_root, endpoint_url or None)
+    base = store.read_manifest(baseline_run_id)
+    if base is None or base.status not in FINISHED:
+        raise ValueError(f"baseline {baseline_run_id!r} in {store.root} is "
+                         f"{'missing' if base is None else base.status}; it must be a finished run")
+    rerun_id = rerun_id or f"{baseline_run_id}-rerun-{_scheduled_stamp()}"
+    existing = store.read_manifest(rerun_id)
+    if existing is None or existing.status not in FINISHED:
+        from types import SimpleNamespace
+
+        from flows.train import train
+        from schemas.presets import load_config
+
+        overrides = {k: v for k, v in base.config.items() if k not in ("preset", "run_id")}
+        log(f"reproducibility: training {rerun_id} with the configuration of {baseline_run_id}")
+        summary = train.fn(preset=base.preset, overrides=overrides, run_id=rerun_id)
+        ctx = SimpleNamespace(store=store, run_id=rerun_id, cfg=load_config(base.preset, overrides))
+        publish_steps(ctx)
+        publish_run(ctx, summary)
+    report = compare_runs(store, baseline_run_id, rerun_id, tolerances)
+    key = stage_key(rerun_id, None, "reproducibility")
+    store.write_table(key, report, stage="reproducibility", overwrite=True)
+    md = report_markdown(report)
+    if _flow_run_id() is not None:  # .fn() outside a flow run: the table is the record
+        try:
+            from prefect.artifacts import create_markdown_artifact
+
+            create_markdown_artifact(md, key=artifact_key(baseline_run_id, "reproducibility"),
+                                     description=f"{rerun_id} vs {baseline_run_id}")
+        except Exception as e:
+            log(f"reproducibility: could not publish the artifact: {type(e).__name__}: {e}")
+    failed = [r for r in report.to_pylist() if r["gated"] and not r["ok"]]
+    log(f"reproducibility: report {store.uri(key)}: {len(failed)} gated check(s) outside tolerance")
+    if failed:
+        raise ReproducibilityDrift(f"{rerun_id} drifted from {baseline_run_id}: " + "; ".join(
+            _explain(r) for r in failed[:5]) + f". Report: {store.uri(key)}")
+    return {"baseline": baseline_run_id, "rerun": rerun_id, "ok": True, "report": store.uri(key),
+            "checks": report.num_rows}
+
+
+def _explain(r: dict) -> str:
+    where = "run" if r["step"] is None else r["step"]
+    why = r["detail"] or "baseline {}, rerun {}, tolerance {}".format(r["baseline"], r["rerun"], r["tolerance"])
+    return f"{r['metric']}@{where} ({why})"
+
+
+def _scheduled_stamp() -> str:
+    """The flow run's scheduled time: a retried scheduled run keeps its rerun id and resumes it."""
+    try:
+        from prefect.runtime import flow_run
+
+        t = flow_run.scheduled_start_time
+        if t is not None:
+            return t.strftime("%Y%m%d-%H%M%S")
+    except Exception:
+        pass
+    return time.strftime("%Y%m%d-%H%M%S")

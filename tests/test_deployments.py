@@ -1,0 +1,95 @@
+"""Deployments and the local stack's files: typed forms, fast failure on bad input, compose and Kubernetes
+templates that their tools accept. The served deployments are checked against the session's server."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.fixtures.smoke_run import REPO
+
+
+def _schema(flow) -> dict:
+    from prefect.utilities.callables import parameter_schema
+
+    return parameter_schema(flow).model_dump()
+
+
+def test_forms_are_typed():
+    from flows.deployments import evaluate_entry, prepare_entry, train_entry
+    from flows.reproducibility import reproducibility
+    from schemas.presets import PRESETS
+
+    for f in (train_entry, evaluate_entry, prepare_entry):
+        props = _schema(f)["properties"]
+        assert props["preset"]["enum"] == list(PRESETS), f.name  # a drop-down, not a text box
+        assert props["overrides"]["type"] == "array" and props["overrides"]["items"]["type"] == "string"
+        assert props["preset"].get("description"), "the form explains each field"
+    repro = _schema(reproducibility)
+    assert repro["required"] == ["baseline_run_id"]
+    assert set(repro["definitions"]["Tolerances"]["properties"]) == {"z", "min_abs", "time_ratio",
+                                                                     "trajectory_agreement"}
+
+
+def test_bad_input_fails_before_anything_starts():
+    from flows.deployments import train_entry
+    from schemas.presets import ConfigError
+
+    with pytest.raises(ConfigError, match="prompts_per_step"):
+        train_entry.fn(preset="smoke", overrides=["grpo.prompts_per_step=0"])
+
+
+def test_make_ui_serves_the_deployments(prefect_ui):
+    assert prefect_ui.url in prefect_ui.start_output and "make ui-stop" in prefect_ui.start_output
+    for name in ("train", "evaluate", "prepare"):
+        dep = prefect_ui.deployment(name, name)
+        assert dep["entrypoint"] == f"flows/deployments.py:{name}_entry"
+        assert dep["parameter_openapi_schema"]["properties"]["preset"]["enum"][0] == "smoke"
+        # READY once the serve process has polled for its runs (every few seconds).
+        prefect_ui.wait_for_run(lambda: prefect_ui.deployment(name, name)["status"] == "READY", 60,
+                                f"deployment {name} ready", poll=1)
+
+
+def _compose() -> list[str] | None:
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return ["docker-compose"] if shutil.which("docker-compose") else None
+
+
+def test_compose_file_is_valid():
+    cmd = _compose()
+    if cmd is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed (apt-get install docker-compose)")
+    out = subprocess.run(cmd + ["-f", "infra/compose.yaml", "--profile", "s3", "config"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for service in ("prefect-server", "deployments", "s3"):
+        assert re.search(rf"^\s+{service}:", out.stdout, re.M), service
+
+
+def test_kubernetes_base_job_template_resolves():
+    from prefect.utilities.templating import apply_values, find_placeholders
+
+    tpl = json.loads((REPO / "infra/k8s/base-job-template.json").read_text())
+    variables = tpl["variables"]["properties"]
+    used = {p.name for p in find_placeholders(tpl["job_configuration"])}
+    assert used <= set(variables), f"placeholders without a variable: {used - set(variables)}"
+    defaults = {k: v["default"] for k, v in variables.items() if "default" in v}
+    job = apply_values(tpl["job_configuration"], defaults)
+    manifest = job["job_manifest"]
+    assert manifest["kind"] == "Job"
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == variables["image"]["default"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == variables["gpus"]["default"]
+
+
+def test_kubernetes_manifests_parse():
+    import yaml
+
+    for path in sorted((REPO / "infra/k8s").glob("*.yaml")):
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        assert docs and all("kind" in d and "apiVersion" in d for d in docs), path

@@ -1,0 +1,115 @@
+"""Reproducibility reruns: the report on real smoke-run tables, drift failing the flow run in the Prefect
+API, and a scheduled deployment producing a report. Copies of the run go to a temporary store, so the
+real run's folder is never written."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.fixtures.smoke_run import REPO, copy_run
+
+
+@pytest.fixture
+def two_copies(tmp_path, smoke_run):
+    from tasks.storage import Store
+
+    src, dst = Store(f"file://{REPO}/.rlvr/store"), Store(f"file://{tmp_path}/store")
+    copy_run(src, dst, smoke_run, "base")
+    copy_run(src, dst, smoke_run, "again")
+    return dst
+
+
+def test_identical_runs_reproduce(two_copies):
+    from flows.reproducibility import REPORT, compare_runs, report_markdown
+
+    report = compare_runs(two_copies, "base", "again")
+    REPORT.validate(report)
+    rows = report.to_pylist()
+    assert all(r["ok"] for r in rows if r["gated"]), [r for r in rows if r["gated"] and not r["ok"]]
+    metrics = {r["metric"] for r in rows}
+    assert {"config", "dataset", "base_checkpoint", "batch_membership", "prompt_agreement", "pass_at_k",
+            "train_reward_mean", "time_to_train_s", "trajectory_agreement"} <= metrics
+    # T=1.0 sampling: trajectory agreement is reported, never gated.
+    assert not any(r["gated"] for r in rows if r["metric"] == "trajectory_agreement")
+    two_copies.write_table("runs/again/reproducibility.parquet", report, stage="reproducibility")
+    assert "**reproduced**" in report_markdown(report)
+
+
+def _drift(store, run_id: str, step: int, **values):
+    from schemas.tables import EVAL_SUMMARY
+
+    row = store.read_stage(run_id, step, "eval_summary").to_pylist()[0]
+    store.write_stage(run_id, step, "eval_summary", EVAL_SUMMARY.from_rows([dict(row, **values)]), overwrite=True)
+
+
+def test_tolerance_is_honest_about_sample_size(two_copies):
+    from flows.reproducibility import Tolerances, _binomial_tol
+
+    # 8 tasks: one task more solved (0 -> 1/8) is noise; 0 -> 1.0 is not.
+    assert _binomial_tol(0.0, 0.125, 8, Tolerances()) > 0.125
+    assert _binomial_tol(0.0, 1.0, 8, Tolerances()) < 1.0
+    # 251 tasks (the benchmark): 0.50 vs 0.62 is outside 3 sigma, 0.50 vs 0.55 within.
+    assert _binomial_tol(0.5, 0.62, 251, Tolerances()) < 0.12
+    assert _binomial_tol(0.5, 0.55, 251, Tolerances()) > 0.05
+
+
+def test_drift_fails_the_flow_run_visibly(prefect_api, two_copies):
+    from flows.reproducibility import ReproducibilityDrift, reproducibility
+
+    _drift(two_copies, "again", 1, pass_at_k=1.0, pass_at_1=1.0)
+    with pytest.raises(ReproducibilityDrift, match=r"pass_at_k@1"):
+        reproducibility(baseline_run_id="base", rerun_id="again", store_root=two_copies.root)
+    report = two_copies.read_stage("again", None, "reproducibility").to_pylist()
+    bad = {(r["metric"], r["step"]) for r in report if r["gated"] and not r["ok"]}
+    assert ("pass_at_k", 1) in bad and ("pass_at_1", 1) in bad
+    runs = prefect_api.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["reproducibility"]}},
+                                                               "sort": "START_TIME_DESC", "limit": 1})
+    assert runs[0]["state"]["type"] == "FAILED" and "drifted" in runs[0]["state"]["message"]
+    arts = prefect_api.api("POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": ["base-reproducibility"]}}})
+    assert arts and "**DRIFT**" in arts[0]["data"]
+
+
+def test_scheduled_reruns_write_reports(prefect_ui, two_copies):
+    """The reproducibility deployment on a 10 s schedule against the session's server: scheduled flow runs
+    happen without anyone starting them and each writes the report table and the artifact."""
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "flows.deployments", "--only", "reproducibility", "--repro-baseline", "base",
+           "--repro-rerun-id", "again", "--repro-store", two_copies.root, "--repro-interval", "10"]
+    log = open(prefect_ui.dir / "serve-repro.log", "w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=prefect_ui.env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        dep = prefect_ui.wait_for_run(lambda: _deployment(prefect_ui), 60, "reproducibility deployment registered")
+        assert dep["schedules"] and dep["schedules"][0]["schedule"]["interval"] == 10
+
+        def completed():
+            runs = prefect_ui.flow_runs(dep["id"])
+            bad = [r for r in runs if r["state"]["type"] in ("FAILED", "CRASHED")]
+            assert not bad, bad[0]["state"]
+            return [r for r in runs if r["state"]["type"] == "COMPLETED" and r["auto_scheduled"]]
+
+        done = prefect_ui.wait_for_run(completed, 180, "a scheduled reproducibility run completed")
+        assert done[0]["parameters"]["baseline_run_id"] == "base"
+        c = [c for c in two_copies.commits("runs/again") if c.stage == "reproducibility"]
+        assert c and c[-1].committed_at > t0
+        arts = prefect_ui.api("POST", "/artifacts/filter",
+                              json={"artifacts": {"flow_run_id": {"any_": [done[0]["id"]]}}})
+        assert any("**reproduced**" in (a["data"] or "") for a in arts)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the runner pauses its schedule and exits
+        proc.wait(timeout=60)
+        log.close()
+
+
+def _deployment(ui):
+    try:
+        return ui.deployment("reproducibility", "reproducibility")
+    except Exception:
+        return None

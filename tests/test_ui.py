@@ -1,0 +1,133 @@
+"""The Prefect UI as a person uses it: run artifacts, and a browser (headless Chromium) that starts a
+`smoke` training run from the train deployment's form and waits for its result and artifacts."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+import types
+
+import pytest
+
+from tests.fixtures.smoke_run import REPO
+
+SCREENSHOT_DIR = REPO / ".rlvr" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _ctx(run_id: str):
+    from schemas.presets import load_config
+    from tasks.storage import Store
+
+    return types.SimpleNamespace(store=Store(f"file://{REPO}/.rlvr/store"), run_id=run_id, cfg=load_config("smoke"))
+
+
+def test_artifacts_are_noops_outside_a_flow_run():
+    from flows.artifacts import publish_run, publish_step
+
+    broken = types.SimpleNamespace(store=None, run_id="x", cfg=None)  # would raise if touched
+    assert publish_step(broken, 1, {"rollouts": 1.0}) is None
+    assert publish_run(broken, {}) is None
+
+
+def test_run_artifacts_in_a_flow_run(prefect_api, smoke_run):
+    from prefect import flow
+
+    from flows.artifacts import artifact_key, publish_run, publish_step
+    from flows.train import summarize_run
+
+    ctx = _ctx(smoke_run)
+
+    @flow(name="artifacts-check")
+    def publish():
+        for step in (1, 2):
+            publish_step(ctx, step, ctx.store.get_json(f"runs/{smoke_run}/step-{step:05d}/timings.json"))
+            publish_step(ctx, step, {})  # a second call in the same flow run is a no-op
+        publish_run(ctx, summarize_run(ctx, {}))
+        publish_run(ctx, {"broken": True})  # idempotent, and would not raise anyway
+
+    publish()
+    progress = prefect_api.api("POST", "/artifacts/filter",
+                               json={"artifacts": {"key": {"any_": [artifact_key(smoke_run, "progress")]}},
+                                     "sort": "CREATED_DESC"})
+    import json
+
+    rows = json.loads(progress[0]["data"]) if isinstance(progress[0]["data"], str) else progress[0]["data"]
+    assert [r["step"] for r in rows] == [1, 2] and progress[0]["type"] == "table"
+    assert {"mean_reward", "finish_reasons", "pass@4", "s_rollouts", "s_update"} <= set(rows[0])
+    summary = prefect_api.api("POST", "/artifacts/filter",
+                              json={"artifacts": {"key": {"any_": [artifact_key(smoke_run, "summary")]}}})
+    md = summary[0]["data"]
+    assert "data:image/png;base64," in md and "mlperf.log" in md and "| 2 |" in md
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_browser_runs_smoke_from_the_train_form(prefect_ui):
+    """Deployments -> train -> Run -> Custom run -> preset smoke, a run id -> Submit; then the flow run's
+    page until Completed, and its Artifacts tab with the run summary (pass@k picture) and progress table."""
+    from playwright.sync_api import expect, sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Debian's chromium is needed: apt-get install -y chromium")
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    run_id = f"ui-smoke-{time.strftime('%Y%m%d-%H%M%S')}"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(prefect_ui.url + "/deployments")
+            page.get_by_role("link", name="train", exact=True).first.click()
+            page.wait_for_url("**/deployments/deployment/**")
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_text("Custom run").first.click()
+            page.wait_for_url("**/run**")
+            _fill_form(page, run_id)
+            page.screenshot(path=str(SCREENSHOT_DIR / "train-form.png"), full_page=True)
+            page.get_by_role("button", name="Submit").click()
+
+            dep = prefect_ui.deployment("train", "train")
+            runs = prefect_ui.wait_for_run(
+                lambda: [r for r in prefect_ui.flow_runs(dep["id"]) if r["parameters"].get("run_id") == run_id],
+                60, "the flow run the form created")
+            assert runs[0]["parameters"]["preset"] == "smoke"
+            page.goto(f"{prefect_ui.url}/runs/flow-run/{runs[0]['id']}")
+
+            def finished():
+                state = prefect_ui.api("GET", f"/flow_runs/{runs[0]['id']}")["state"]
+                return state if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+            state = prefect_ui.wait_for_run(finished, 1500, f"flow run for {run_id} finished", poll=10)
+            assert state["type"] == "COMPLETED", state
+            page.reload()
+            expect(page.get_by_text("Completed").first).to_be_visible()
+            page.get_by_role("tab", name="Artifacts").click()
+            expect(page.get_by_text(f"{run_id}-summary").first).to_be_visible()
+            expect(page.get_by_text(f"{run_id}-progress").first).to_be_visible()
+            page.screenshot(path=str(SCREENSHOT_DIR / "train-run-artifacts.png"), full_page=True)
+            page.get_by_text(f"{run_id}-summary").first.click()
+            img = page.locator("img[src^='data:image/png']").first
+            expect(img).to_be_visible()
+            assert page.evaluate("(i) => i.naturalWidth", img.element_handle()) > 100, "the pass@k PNG renders"
+            page.screenshot(path=str(SCREENSHOT_DIR / "train-run-summary.png"), full_page=True)
+        except Exception:
+            page.screenshot(path=str(SCREENSHOT_DIR / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    from tasks.storage import Store
+
+    m = Store(f"file://{REPO}/.rlvr/store").read_manifest(run_id)
+    assert m is not None and m.preset == "smoke" and m.status in ("succeeded", "target_not_reached")
+
+
+def _fill_form(page, run_id: str) -> None:
+    form = page.locator("form")
+    preset = form.locator(".schema-form-property").filter(has_text="preset")
+    preset.locator("button.p-select-button__control").click()
+    page.get_by_role("option", name="smoke", exact=True).click()
+    run_field = form.locator(".schema-form-property").filter(has_text="run_id")
+    run_field.locator("input").fill(run_id)
