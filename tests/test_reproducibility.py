@@ -49,14 +49,14 @@ def _drift(store, run_id: str, step: int, **values):
     store.write_stage(run_id, step, "eval_summary", EVAL_SUMMARY.from_rows([dict(row, **values)]), overwrite=True)
 
 
-def test_tolerance_is_honest_about_sample_size(two_copies):
+def test_tolerance_is_honest_about_sample_size():
     from flows.reproducibility import Tolerances, _binomial_tol
 
     # 8 tasks: one task more solved (0 -> 1/8) is noise; 0 -> 1.0 is not.
     assert _binomial_tol(0.0, 0.125, 8, Tolerances()) > 0.125
     assert _binomial_tol(0.0, 1.0, 8, Tolerances()) < 1.0
-    # 251 tasks (the benchmark): 0.50 vs 0.62 is outside 3 sigma, 0.50 vs 0.55 within.
-    assert _binomial_tol(0.5, 0.62, 251, Tolerances()) < 0.12
+    # 251 tasks (the benchmark): 3 sigma is ~0.13 near 0.5: 0.50 vs 0.65 is drift, 0.50 vs 0.55 is not.
+    assert _binomial_tol(0.5, 0.65, 251, Tolerances()) < 0.15
     assert _binomial_tol(0.5, 0.55, 251, Tolerances()) > 0.05
 
 
