@@ -27,7 +27,7 @@ from schemas.config import RunConfig
 from schemas.presets import load_config
 from tasks.storage import Store
 
-TOKENIZER_CORPUS_VERSION = 1
+TOKENIZER_CORPUS_VERSION = 2
 
 
 def _digest(*parts) -> str:
@@ -44,10 +44,32 @@ def dataset(cfg: RunConfig, store: Store) -> str:
     return key
 
 
-def _train_corpus(store: Store, tasks: dict[str, dict]):
-    """Problem statements and repository code of the train split (never validation)."""
+def _agent_text(style: str) -> str:
+    """The agent's fixed text (system prompt, tool schemas, tool-call markup) as the chat template renders it.
+
+    It opens every episode, so the tokenizer should learn it: with the schemas in its corpus the
+    prompt shrinks by more than half, and so does what every rollout and update pays for."""
+    import jinja2
+
+    from tasks.agent.loop import INSTANCE_PROMPT, SYSTEM_PROMPT
+    from tasks.agent.tools import tool_schemas
+    from tasks.policy.tokenizer import CHAT_TEMPLATE
+
+    env = jinja2.Environment()
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    messages = [{"role": "system", "content": SYSTEM_PROMPT[style]},
+                {"role": "user", "content": INSTANCE_PROMPT[style].format(problem_statement="...")}]
+    return env.from_string(CHAT_TEMPLATE).render(messages=messages, tools=tool_schemas(style),
+                                                 add_generation_prompt=True)
+
+
+def _train_corpus(store: Store, tasks: dict[str, dict], style: str):
+    """Problem statements and repository code of the train split (never validation), and the agent's own text."""
     from tasks.policy.tokenizer import default_corpus
 
+    fixed = _agent_text(style)
+    for _ in range(50):  # BPE merges follow frequency: as often as it occurs in training data
+        yield fixed
     for t in sorted((t for t in tasks.values() if t["split"] == "train"), key=lambda t: t["instance_id"]):
         yield t["problem_statement"]
         if t.get("environment_uri"):
@@ -66,12 +88,12 @@ def base_model(cfg: RunConfig, store: Store, tasks_key: str) -> str:
         return cfg.model.path
     from tasks.policy.model import build_policy
 
-    key = f"models/init-{_digest(tasks_key, cfg.model.model_dump(), TOKENIZER_CORPUS_VERSION)}"
+    key = f"models/init-{_digest(tasks_key, cfg.model.model_dump(), TOKENIZER_CORPUS_VERSION, cfg.agent.prompt_style)}"
     if store.exists(key + ".commit"):
         return key
     t0 = time.monotonic()
     out = work_root() / "prepare" / pathlib.PurePosixPath(key).name
-    build_policy(cfg.model, out, corpus=_train_corpus(store, load_tasks(store, tasks_key)))
+    build_policy(cfg.model, out, corpus=_train_corpus(store, load_tasks(store, tasks_key), cfg.agent.prompt_style))
     store.put_dir(key, out)
     store.put_json(key + ".commit", {"built_at": time.time(), "model": cfg.model.model_dump()})
     log(f"prepare: tiny {cfg.model.arch} model + tokenizer at {store.uri(key)} ({time.monotonic() - t0:.0f} s)")

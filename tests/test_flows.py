@@ -25,8 +25,8 @@ def test_invalid_config_fails_before_anything_starts(tmp_path):
         load_config("smoke", ["agent.max_turns=0"])
 
 
-def test_smoke_train_end_to_end(smoke_run):
-    store, run_id, cfg = smoke_run["store"], smoke_run["run_id"], smoke_run["config"]
+def test_smoke_train_end_to_end(smoke_train_run):
+    store, run_id, cfg = smoke_train_run["store"], smoke_train_run["run_id"], smoke_train_run["config"]
     manifest = store.read_manifest(run_id)
     assert manifest.status in ("succeeded", "target_not_reached") and len(manifest.attempts) == 1
     for step in range(1, cfg.max_steps + 1):
@@ -44,12 +44,12 @@ def test_smoke_train_end_to_end(smoke_run):
         assert summary["samples_count"] == step * cfg.grpo.global_batch_size
     times = read_log_times(store.get_bytes(f"runs/{run_id}/mlperf.log").decode())
     assert times["run_seconds"] > 0 and len(times["evals"]) == cfg.max_steps
-    assert "run summary" in smoke_run["log"] and "time to train" in smoke_run["log"]
+    assert "run summary" in smoke_train_run["log"] and "time to train" in smoke_train_run["log"]
 
 
-def test_mlperf_log_of_a_real_run_passes_the_checker_except_the_target(smoke_run, tmp_path):
+def test_mlperf_log_of_a_real_run_passes_the_checker_except_the_target(smoke_train_run, tmp_path):
     log = tmp_path / "smoke.log"
-    log.write_bytes(smoke_run["store"].get_bytes(f"runs/{smoke_run['run_id']}/mlperf.log"))
+    log.write_bytes(smoke_train_run["store"].get_bytes(f"runs/{smoke_train_run['run_id']}/mlperf.log"))
     ok, out = check(str(log))
     best = max(v for _, v in read_log_times(log.read_text())["evals"])
     if best > 0.69:
@@ -61,10 +61,10 @@ def test_mlperf_log_of_a_real_run_passes_the_checker_except_the_target(smoke_run
                               or "FAILED" in ln for ln in errors), out
 
 
-def test_rerun_of_a_finished_run_does_nothing(smoke_run, tmp_path):
-    store, run_id = smoke_run["store"], smoke_run["run_id"]
+def test_rerun_of_a_finished_run_does_nothing(smoke_train_run, tmp_path):
+    store, run_id = smoke_train_run["store"], smoke_train_run["run_id"]
     before = {c.key: c.committed_at for c in store.commits(f"runs/{run_id}")}
-    proc = subprocess.run(main_command(run_id, smoke_run["overrides"]), cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run(main_command(run_id, smoke_train_run["overrides"]), cwd=REPO, capture_output=True, text=True,
                           env=flow_env(tmp_path), timeout=600)
     assert "already finished" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {c.key: c.committed_at for c in store.commits(f"runs/{run_id}")} == before

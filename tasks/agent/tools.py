@@ -54,7 +54,7 @@ _DESCRIPTIONS = {
 
 
 def tool_schemas(style: str = "full") -> list[dict]:
-    d = _DESCRIPTIONS[style]
+    d, terse = _DESCRIPTIONS[style], style == "short"
     return [
         _fn("file_editor", d["file_editor"], {
             "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert", "undo_edit"],
@@ -66,22 +66,24 @@ def tool_schemas(style: str = "full") -> list[dict]:
             "old_str": {"type": "string", "description": "The exact text to replace, for str_replace."},
             "new_str": {"type": "string", "description": "The replacement text (str_replace) or text to insert (insert)."},
             "insert_line": {"type": "integer", "description": "Insert new_str after this line, for insert."},
-        }, ["command", "path"]),
+        }, ["command", "path"], terse),
         _fn("execute_bash", d["execute_bash"], {
             "cmd": {"type": "string", "description": "The bash command to execute."},
-        }, ["cmd"]),
+        }, ["cmd"], terse),
         _fn("search", d["search"], {
             "search_term": {"type": "string", "description": "The term to search for."},
             "path": {"type": "string", "description": "File or directory to search in (default /testbed)."},
-        }, ["search_term"]),
+        }, ["search_term"], terse),
         _fn("finish", d["finish"], {
             "command": {"type": "string", "enum": ["submit"], "description": "Always 'submit'."},
             "result": {"type": "string", "description": "Optional summary of the change."},
-        }, []),
+        }, [], terse),
     ]
 
 
-def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
+def _fn(name: str, description: str, properties: dict, required: list[str], terse: bool = False) -> dict:
+    if terse:  # names and types only: every episode's prompt carries these schemas
+        properties = {k: {x: y for x, y in v.items() if x != "description"} for k, v in properties.items()}
     return {"type": "function", "function": {"name": name, "description": description,
                                              "parameters": {"type": "object", "properties": properties,
                                                             "required": required}}}
