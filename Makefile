@@ -49,3 +49,12 @@ bench-sandbox: venv system
 
 bench-dataset: venv system
 	$(PY) tests/bench/bench_dataset.py
+
+# The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT) with the train / evaluate / prepare / reproducibility
+# deployments served (no work pool needed); REPRO_BASELINE=<run id> schedules reproducibility reruns.
+.PHONY: ui ui-stop
+ui: venv
+	infra/ui.sh start
+
+ui-stop:
+	infra/ui.sh stop

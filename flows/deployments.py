@@ -42,7 +42,7 @@ def train_entry(preset: PresetName = "mini", run_id: str = "", overrides: list[s
 
     Args:
         preset: smoke (minutes, what the tests run), mini (the embedded default), qwen35_397b_grpo (GPU cluster)
-        run_id: reuse one to resume a killed run; empty = <preset>-<date>-<time>
+        run_id: reuse one to resume a killed run; empty = PRESET-DATE-TIME
         overrides: section.field=value, one per item (e.g. max_steps=1, grpo.prompts_per_step=4)
     """
     from flows.artifacts import publish_run, publish_steps

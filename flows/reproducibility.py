@@ -265,7 +265,7 @@ def reproducibility(baseline_run_id: str, rerun_id: str = "", store_root: str = 
 
     Args:
         baseline_run_id: a finished run in the store
-        rerun_id: empty = <baseline>-rerun-<scheduled time> (a new training run); an existing finished run is
+        rerun_id: empty = BASELINE-rerun-SCHEDULEDTIME (a new training run); an existing finished run is
             compared as it is, an unfinished one resumed first
         store_root: object store holding the baseline (file:// or s3://)
         endpoint_url: S3 endpoint for s3:// stores that are not AWS

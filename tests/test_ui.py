@@ -94,7 +94,12 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
                 lambda: [r for r in prefect_ui.flow_runs(dep["id"]) if r["parameters"].get("run_id") == run_id],
                 60, "the flow run the form created")
             assert runs[0]["parameters"]["preset"] == "smoke"
-            page.goto(f"{prefect_ui.url}/runs/flow-run/{runs[0]['id']}")
+            run_page = f"{prefect_ui.url}/runs/flow-run/{runs[0]['id']}"
+            page.goto(run_page)
+            expect(page.get_by_text(runs[0]["name"]).first).to_be_visible()
+            page.screenshot(path=str(SCREENSHOT_DIR / "train-run-started.png"))
+            # The run page animates and polls: on 2 cores it would take CPU from the run it watches.
+            page.goto("about:blank")
 
             def finished():
                 state = prefect_ui.api("GET", f"/flow_runs/{runs[0]['id']}")["state"]
@@ -102,7 +107,7 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
 
             state = prefect_ui.wait_for_run(finished, 1500, f"flow run for {run_id} finished", poll=10)
             assert state["type"] == "COMPLETED", state
-            page.reload()
+            page.goto(run_page)
             expect(page.get_by_text("Completed").first).to_be_visible()
             page.get_by_role("tab", name="Artifacts").click()
             expect(page.get_by_text(f"{run_id}-summary").first).to_be_visible()
@@ -125,9 +130,16 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
 
 
 def _fill_form(page, run_id: str) -> None:
-    form = page.locator("form")
-    preset = form.locator(".schema-form-property").filter(has_text="preset")
-    preset.locator("button.p-select-button__control").click()
-    page.get_by_role("option", name="smoke", exact=True).click()
-    run_field = form.locator(".schema-form-property").filter(has_text="run_id")
-    run_field.locator("input").fill(run_id)
+    from playwright.sync_api import expect
+
+    page.get_by_text("preset (Optional)").wait_for()
+    field = page.locator(".schema-form-property").filter(has=page.get_by_text("preset (Optional)"))
+    select = field.locator("button.p-select-button__control")
+    # Prefect's select opens from the keyboard (a synthetic mouse click on its button does not open it
+    # in headless Chromium); the option itself is clicked.
+    select.focus()
+    page.keyboard.press("ArrowDown")
+    page.locator(".p-select-option").filter(has_text="smoke").first.click()
+    expect(select).to_have_text("smoke")
+    field = page.locator(".schema-form-property").filter(has=page.get_by_text("run_id (Optional)"))
+    field.locator("textarea, input").first.fill(run_id)
