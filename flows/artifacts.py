@@ -1,11 +1,13 @@
 """What a run shows in the Prefect UI (its flow run's Artifacts tab and the Artifacts page).
 
-    publish_step(ctx, step, times)   a new version of the table artifact `<run>-progress`: one row per
-                                     step so far (reward, solved, finish reasons, turns, tokens,
-                                     groups with signal, pass@k when evaluated, seconds per stage)
-    publish_run(ctx, summary)        markdown `<run>-summary`: status, time to train, the pass@k curve
-                                     (PNG, inline), evaluations, time per stage, where the tables and
-                                     the MLPerf log are
+    publish_step(ctx, step, times)   progress bar `<run>-steps` (step / max_steps, updated in place) and,
+                                     after an evaluation or every 10th step, a new version of the table
+                                     `<run>-progress`: one row per step so far (reward, solved, finish
+                                     reasons, turns, tokens, groups with signal, pass@k when evaluated,
+                                     seconds per stage)
+    publish_run(ctx, summary)        the final progress table and markdown `<run>-summary`: status, time
+                                     to train, the pass@k curve (PNG, inline), evaluations, time per
+                                     stage, where the tables and the MLPerf log are
 
 `ctx` needs `.store` and `.run_id` (and `.cfg` for the target line); a RunContext has them.
 Both are no-ops outside a flow run and never raise: a run must not fail because the
@@ -17,9 +19,17 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass, field
 
-_rows: dict[tuple[str, str], dict[int, dict]] = {}  # (flow run id, run id) -> step -> row
-_published: set[tuple] = set()
+@dataclass
+class _RunState:  # what one flow run has published for one training run
+    rows: dict = field(default_factory=dict)      # step -> progress-table row
+    tabled: int = 0                                # rows in the last published table version
+    progress_id: object = None                     # the progress artifact, updated in place
+    done: set = field(default_factory=set)         # steps (and "run") already published
+
+
+_state: dict[tuple[str, str], _RunState] = {}
 
 
 def _flow_run_id() -> str | None:
@@ -41,36 +51,62 @@ def _warn(what: str, e: Exception) -> None:
     print(f"warning: could not publish {what} to the Prefect UI: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-def publish_step(ctx, step: int, times: dict | None = None) -> None:
+def publish_step(ctx, step: int, times: dict | None = None, table: bool | None = None) -> None:
+    """Record step `step`, move the progress bar; publish a new version of the progress table when the
+    step was evaluated or every 10th step (table=None), always (True) or never (False): one version per
+    step would fill the run's Artifacts tab on a 200-step run."""
     fr = _flow_run_id()
-    if fr is None or (fr, ctx.run_id, step) in _published:
+    if fr is None:
+        return
+    st = _state.setdefault((fr, ctx.run_id), _RunState())
+    if step in st.done:
         return
     try:
-        from prefect.artifacts import create_table_artifact
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
         from tasks.inspect import step_stats
 
         row = step_stats(ctx.store, ctx.run_id, step)
         row.update({f"s_{k}": round(v, 1) for k, v in sorted((times or {}).items())})
-        rows = _rows.setdefault((fr, ctx.run_id), {})
-        rows[step] = row
-        table = [rows[s] for s in sorted(rows)]
-        cols = list(dict.fromkeys(k for r in table for k in r))  # every row the same columns, in order
-        create_table_artifact([{c: r.get(c) for c in cols} for r in table], key=artifact_key(ctx.run_id, "progress"),
-                              description=f"run {ctx.run_id}: one row per GRPO step (s_* = seconds per stage)")
-        _published.add((fr, ctx.run_id, step))
+        st.rows[step] = row
+        st.done.add(step)
+        max_steps = getattr(getattr(ctx, "cfg", None), "max_steps", None)
+        if max_steps:
+            pct = min(100.0, 100.0 * step / max_steps)
+            if st.progress_id is None:
+                st.progress_id = create_progress_artifact(pct, key=artifact_key(ctx.run_id, "steps"),
+                                                          description=f"run {ctx.run_id}: steps done of {max_steps}")
+            else:
+                update_progress_artifact(st.progress_id, pct)
+        evaluated = any(k.startswith("pass@") for k in row)
+        if table or (table is None and (evaluated or step % 10 == 0)):
+            _publish_table(ctx, st)
     except Exception as e:
         _warn(f"step {step}", e)
 
 
+def _publish_table(ctx, st: _RunState) -> None:
+    from prefect.artifacts import create_table_artifact
+
+    if not st.rows or len(st.rows) == st.tabled:
+        return
+    rows = [st.rows[s] for s in sorted(st.rows)]
+    cols = list(dict.fromkeys(k for r in rows for k in r))  # every row the same columns, in order
+    create_table_artifact([{c: r.get(c) for c in cols} for r in rows], key=artifact_key(ctx.run_id, "progress"),
+                          description=f"run {ctx.run_id}: one row per GRPO step (s_* = seconds per stage)")
+    st.tabled = len(st.rows)
+
+
 def publish_steps(ctx) -> None:
-    """Publish every step that has timings in the store (for callers that did not publish per step)."""
+    """Record every step that has timings in the store (for callers that did not publish per step);
+    the table follows with publish_run."""
     if _flow_run_id() is None:
         return
     try:
         step = 1
         while ctx.store.exists(f"runs/{ctx.run_id}/step-{step:05d}/timings.json"):
-            publish_step(ctx, step, ctx.store.get_json(f"runs/{ctx.run_id}/step-{step:05d}/timings.json"))
+            publish_step(ctx, step, ctx.store.get_json(f"runs/{ctx.run_id}/step-{step:05d}/timings.json"),
+                         table=False)
             step += 1
     except Exception as e:
         _warn("steps", e)
@@ -78,14 +114,18 @@ def publish_steps(ctx) -> None:
 
 def publish_run(ctx, summary: dict) -> None:
     fr = _flow_run_id()
-    if fr is None or (fr, ctx.run_id, "run") in _published:
+    if fr is None:
+        return
+    st = _state.setdefault((fr, ctx.run_id), _RunState())
+    if "run" in st.done:
         return
     try:
         from prefect.artifacts import create_markdown_artifact
 
+        _publish_table(ctx, st)
         create_markdown_artifact(run_markdown(ctx, summary), key=artifact_key(ctx.run_id, "summary"),
                                  description=f"run {ctx.run_id}: pass@k, time to train, where everything is")
-        _published.add((fr, ctx.run_id, "run"))
+        st.done.add("run")
     except Exception as e:
         _warn("the run summary", e)
 
@@ -118,5 +158,5 @@ def run_markdown(ctx, summary: dict) -> str:
     lines += ["", "| what | where |", "|---|---|",
               f"| run tables | `{summary.get('tables')}` |", f"| MLPerf log | `{summary.get('mlperf_log')}` |",
               f"| manifest | `{ctx.store.uri(f'runs/{ctx.run_id}/manifest.json')}` |",
-              f"| notebook | `RLVR_RUN_ID={ctx.run_id} jupyter nbconvert --execute notebooks/inspect_run.ipynb` |"]
+              f"| notebook | `python -m tasks.inspect {ctx.run_id}` (executes notebooks/inspect_run.ipynb) |"]
     return "\n".join(lines)

@@ -55,6 +55,9 @@ def test_run_artifacts_in_a_flow_run(prefect_api, smoke_run):
 
     rows = json.loads(progress[0]["data"]) if isinstance(progress[0]["data"], str) else progress[0]["data"]
     assert [r["step"] for r in rows] == [1, 2] and progress[0]["type"] == "table"
+    steps = prefect_api.api("POST", "/artifacts/filter",
+                            json={"artifacts": {"key": {"any_": [artifact_key(smoke_run, "steps")]}}})
+    assert steps[0]["type"] == "progress" and steps[0]["data"] == 100.0  # smoke: 2 of max_steps 2
     assert {"mean_reward", "finish_reasons", "pass@4", "s_rollouts", "s_update"} <= set(rows[0])
     summary = prefect_api.api("POST", "/artifacts/filter",
                               json={"artifacts": {"key": {"any_": [artifact_key(smoke_run, "summary")]}}})
@@ -109,7 +112,7 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
             assert state["type"] == "COMPLETED", state
             page.goto(run_page)
             expect(page.get_by_text("Completed").first).to_be_visible()
-            page.get_by_role("tab", name="Artifacts").click()
+            page.locator(".p-tab").filter(has_text="Artifacts").click()
             expect(page.get_by_text(f"{run_id}-summary").first).to_be_visible()
             expect(page.get_by_text(f"{run_id}-progress").first).to_be_visible()
             page.screenshot(path=str(SCREENSHOT_DIR / "train-run-artifacts.png"), full_page=True)
