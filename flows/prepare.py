@@ -27,7 +27,7 @@ from schemas.config import RunConfig
 from schemas.presets import load_config
 from tasks.storage import Store
 
-TOKENIZER_CORPUS_VERSION = 2
+TOKENIZER_CORPUS_VERSION = 3
 
 
 def _digest(*parts) -> str:
@@ -52,14 +52,14 @@ def _agent_text(style: str) -> str:
     import jinja2
 
     from tasks.agent.loop import INSTANCE_PROMPT, SYSTEM_PROMPT
-    from tasks.agent.tools import tool_schemas
+    from tasks.agent.tools import prompt_tools
     from tasks.policy.tokenizer import CHAT_TEMPLATE
 
     env = jinja2.Environment()
     env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
     messages = [{"role": "system", "content": SYSTEM_PROMPT[style]},
                 {"role": "user", "content": INSTANCE_PROMPT[style].format(problem_statement="...")}]
-    return env.from_string(CHAT_TEMPLATE).render(messages=messages, tools=tool_schemas(style),
+    return env.from_string(CHAT_TEMPLATE).render(messages=messages, tools=prompt_tools(style),
                                                  add_generation_prompt=True)
 
 

@@ -16,13 +16,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tasks.agent.tools import ToolBox, ToolError, tool_schemas
+from tasks.agent.tools import ToolBox, ToolError, prompt_tools
 
 SYSTEM_PROMPT = {
     "full": ("You are a programming agent who is provided a GitHub issue and a repository in a bash "
              "environment, and is tasked to resolve the issue by editing the repository's code. Use the tools "
              "to explore the code, make the change, check it, and call `finish` when you are done."),
-    "short": "You fix bugs in Python repositories with tools. Call finish when done.",
+    "short": ("You fix bugs in Python repositories with the tools file_editor, execute_bash, search and finish. "
+              "Call finish when done."),
 }
 INSTANCE_PROMPT = {
     "full": ("I have uploaded a Python code repository in the /testbed directory. Consider the following "
@@ -111,14 +112,14 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
     from tasks.policy.tokenizer import IM_END, observation_segment_ids, prompt_ids
 
     started = time.monotonic()
-    tools = tool_schemas(prompt_style)
+    tools = prompt_tools(prompt_style)
     messages = [{"role": "system", "content": SYSTEM_PROMPT[prompt_style]},
                 {"role": "user", "content": INSTANCE_PROMPT[prompt_style].format(problem_statement=problem_statement)}]
     tokens = prompt_ids(tokenizer, messages, tools)
     ep = Episode(messages=messages, token_ids=tokens, loss_mask=[0] * len(tokens), logprobs=[0.0] * len(tokens),
                  prompt_length=len(tokens))
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
-    box = ToolBox(sandbox, command_timeout_s, observation_cap_chars)
+    box = ToolBox(sandbox, command_timeout_s, observation_cap_chars, style=prompt_style)
 
     def append(ids: list[int], generated: bool, logprobs: list[float] | None = None):
         ep.token_ids += ids

@@ -53,6 +53,13 @@ _DESCRIPTIONS = {
 }
 
 
+def prompt_tools(style: str) -> list[dict] | None:
+    """The schemas rendered into the prompt. The short style renders none: a tiny model trained from
+    scratch learns its tools from demonstrations and cannot read JSON schemas, and they would be
+    most of every episode's tokens (~480 of ~580 prompt tokens here)."""
+    return tool_schemas(style) if style == "full" else None
+
+
 def tool_schemas(style: str = "full") -> list[dict]:
     d, terse = _DESCRIPTIONS[style], style == "short"
     return [
@@ -103,6 +110,8 @@ class ToolBox:
     sandbox: object
     command_timeout_s: float = 30.0
     observation_cap_chars: int = 8000
+    # "short": edits answer in one line instead of R2E-Gym's numbered snippet (fewer tokens per turn).
+    style: str = "full"
     history: dict[str, list[str]] = field(default_factory=dict)
 
     def call(self, name: str, args: dict) -> str:
@@ -151,6 +160,8 @@ class ToolBox:
             self.history.setdefault(path, []).append(text)
             self.sandbox.write_file(path, new)
             first = text.split(old_str)[0].count("\n") + 1
+            if self.style == "short":
+                return f"The file {path} has been edited."
             return (f"The file {path} has been edited. Here's the result of running `cat -n` on a snippet of "
                     f"{path}:\n{_snippet(new, first, (new_str or '').count(chr(10)) + 1)}\n"
                     "Review the changes and make sure they are as expected. Edit the file again if necessary.")
@@ -164,6 +175,8 @@ class ToolBox:
             new = "\n".join(lines[:insert_line] + new_str.split("\n") + lines[insert_line:])
             self.history.setdefault(path, []).append(text)
             self.sandbox.write_file(path, new)
+            if self.style == "short":
+                return f"The file {path} has been edited."
             return (f"The file {path} has been edited. Here's the result of running `cat -n` on a snippet of the "
                     f"edited file:\n{_snippet(new, insert_line + 1, new_str.count(chr(10)) + 1)}\n"
                     "Review the changes and make sure they are as expected. Edit the file again if necessary.")
