@@ -36,40 +36,9 @@ import pyarrow as pa
 from prefect import flow
 from pydantic import BaseModel, Field
 
-from schemas.tables import SCHEMAS, STR, I32, F64, BOOL, TableSchema, _rule, _values_in, _between
 from tasks.storage import Store, stage_key
 
-METRICS = ("config", "dataset", "base_checkpoint", "batch_membership", "eval_tasks", "prompt_agreement",
-           "pass_at_k", "pass_at_1", "train_reward_mean", "time_to_train_s", "trajectory_agreement",
-           "eval_trajectory_agreement", "reward_agreement")
-RULES = ("exact", "binomial", "ratio", "min_share", "info")
-
-# Proposed for schemas/tables.py (registered here until it moves there; the store validates with it).
-REPORT = TableSchema(
-    name="reproducibility",
-    id_column="row_id",
-    columns={
-        "row_id": (STR, False),            # "<metric>/<step or ->"
-        "baseline_run_id": (STR, False),
-        "rerun_id": (STR, False),
-        "metric": (STR, False),
-        "step": (I32, True),               # null for run-level metrics
-        "baseline": (F64, True),
-        "rerun": (F64, True),
-        "delta": (F64, True),              # rerun - baseline (ratio for time_to_train_s)
-        "tolerance": (F64, True),
-        "rule": (STR, False),
-        "gated": (BOOL, False),            # outside tolerance fails the flow run
-        "ok": (BOOL, False),
-        "detail": (STR, True),
-        "created_at": (F64, False),
-    },
-    unique=["row_id"],
-    rules=[_rule("metric_known", "metric", _values_in("metric", list(METRICS)), f"metric must be one of {METRICS}"),
-           _rule("rule_known", "rule", _values_in("rule", list(RULES)), f"rule must be one of {RULES}"),
-           _rule("tolerance_nonnegative", "tolerance", _between("tolerance", lo=0.0), "tolerance must be >= 0")],
-)
-SCHEMAS.setdefault("reproducibility", REPORT)
+from schemas.tables import REPRODUCIBILITY as REPORT, REPRODUCIBILITY_METRICS as METRICS  # noqa: E402
 
 
 class Tolerances(BaseModel):

@@ -24,6 +24,7 @@ import time
 from mlperf_logging.mllog import constants as C
 from prefect import flow
 
+from flows.artifacts import publish_run, publish_step
 from flows.evaluate import evaluation
 from flows.grpo_iteration import checkpoint_key, grpo_iteration
 from flows.prepare import prepare_run_context
@@ -68,11 +69,14 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
         raise ConfigError(f"run {run_id} already exists with a different configuration; use a new run id")
     if manifest is not None and manifest.status in ("succeeded", "target_not_reached"):
         log(f"run {run_id} already finished ({manifest.status}); nothing to do")
-        return summarize_run(ctx, prepared)
+        summary = summarize_run(ctx, prepared)
+        publish_run(ctx, summary)
+        return summary
     resumed = manifest is not None
     if manifest is None:
         manifest = RunManifest(run_id=run_id, preset=preset, config=cfg_json,
-                               config_sha256=RunManifest.config_digest(cfg_json), code_version=_git_version())
+                               config_sha256=RunManifest.config_digest(cfg_json), code_version=_git_version(),
+                               prepared={k: v for k, v in prepared.items() if k != "base_model_dir"})
     start_step = _last_checkpoint(ctx) + 1
     manifest.attempts.append(Attempt(started_at=time.time(), resumed_at_step=start_step if resumed else 0))
     manifest.status = "running"
@@ -131,6 +135,7 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
             store.put_json(f"runs/{run_id}/step-{step:05d}/timings.json", times)
             if _eval_due(cfg, step):
                 reached = evaluate_step(step)
+            publish_step(ctx, step, times)
             store.put_bytes(log_key, log_path.read_bytes())
             step += 1
         status = "success" if reached else "aborted"
@@ -146,7 +151,9 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
         manifest.attempts[-1].status = manifest.status
         store.write_manifest(manifest)
         ctx.close()
-    return summarize_run(ctx, prepared, base_row)
+    summary = summarize_run(ctx, prepared, base_row)
+    publish_run(ctx, summary)
+    return summary
 
 
 def evaluate_base(ctx: RunContext, prepared: dict) -> dict:

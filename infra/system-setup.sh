@@ -9,7 +9,8 @@
 # the engine alone (bwrap-only machines).
 set -euo pipefail
 
-PACKAGES=(docker.io bubblewrap debootstrap iptables git util-linux coreutils procps ca-certificates)
+# chromium: the UI browser test; docker-compose: validating infra/compose.yaml
+PACKAGES=(docker.io bubblewrap debootstrap iptables git util-linux coreutils procps ca-certificates chromium docker-compose)
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/rlvr-dockerd.log}
 WAIT_S=${DOCKERD_WAIT_S:-60}
 

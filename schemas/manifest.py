@@ -33,6 +33,9 @@ class RunManifest(BaseModel):
     config: dict
     config_sha256: str
     code_version: str = "unknown"
+    # What the run started from (pinned for reproducibility reruns): tasks table, model, demonstrations,
+    # base checkpoint keys in the store.
+    prepared: dict = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
     status: RunStatus = "running"
     attempts: list[Attempt] = Field(default_factory=list)

@@ -471,6 +471,39 @@ EVAL_SUMMARY = TableSchema(
     ],
 )
 
+REPRODUCIBILITY_METRICS = ("config", "dataset", "base_checkpoint", "batch_membership", "eval_tasks", "prompt_agreement",
+           "pass_at_k", "pass_at_1", "train_reward_mean", "time_to_train_s", "trajectory_agreement",
+           "eval_trajectory_agreement", "reward_agreement")
+REPRODUCIBILITY_RULES = ("exact", "binomial", "ratio", "min_share", "info")
+
+# --- reproducibility: a rerun of a pinned configuration compared with its baseline run ---
+REPRODUCIBILITY = TableSchema(
+    name="reproducibility",
+    id_column="row_id",
+    columns={
+        "row_id": (STR, False),            # "<metric>/<step or ->"
+        "baseline_run_id": (STR, False),
+        "rerun_id": (STR, False),
+        "metric": (STR, False),
+        "step": (I32, True),               # null for run-level metrics
+        "baseline": (F64, True),
+        "rerun": (F64, True),
+        "delta": (F64, True),              # rerun - baseline (ratio for time_to_train_s)
+        "tolerance": (F64, True),
+        "rule": (STR, False),
+        "gated": (BOOL, False),            # outside tolerance fails the flow run
+        "ok": (BOOL, False),
+        "detail": (STR, True),
+        "created_at": (F64, False),
+    },
+    unique=["row_id"],
+    rules=[_rule("metric_known", "metric", _values_in("metric", list(REPRODUCIBILITY_METRICS)),
+                 f"metric must be one of {REPRODUCIBILITY_METRICS}"),
+           _rule("rule_known", "rule", _values_in("rule", list(REPRODUCIBILITY_RULES)),
+                 f"rule must be one of {REPRODUCIBILITY_RULES}"),
+           _rule("tolerance_nonnegative", "tolerance", _between("tolerance", lo=0.0), "tolerance must be >= 0")],
+)
+
 # Every stage name the store knows, and the contract its table must keep.
 SCHEMAS: dict[str, TableSchema] = {
     "tasks": TASKS,
@@ -483,6 +516,7 @@ SCHEMAS: dict[str, TableSchema] = {
     "eval_trajectories": TRAJECTORIES,
     "eval_rewards": REWARDS,
     "eval_summary": EVAL_SUMMARY,
+    "reproducibility": REPRODUCIBILITY,
 }
 
 

@@ -60,7 +60,10 @@ class Run:
         return f"base-{parent}" if parent else None
 
     def base_checkpoint(self) -> str | None:
-        """Name of the checkpoint the run started from, as recorded by its first policy update."""
+        """Name of the checkpoint the run started from: pinned in its manifest, else as its first update recorded."""
+        m = self.store.read_manifest(self.run_id)
+        if m is not None and m.prepared.get("base_model"):
+            return pathlib.PurePosixPath(m.prepared["base_model"]).name
         key = f"runs/{self.run_id}/checkpoints/step-00001/rlvr_version.json"
         if not self.store.exists(key):
             return None

@@ -7,7 +7,7 @@ import base64
 
 import nbformat
 
-from tests.fixtures.smoke_run import REPO, copy_run
+from tests.fixtures.smoke_run import REPO, SMOKE_STORE_ROOT, copy_run
 
 
 def _outputs(nb):
@@ -24,7 +24,7 @@ def _outputs(nb):
 def test_notebook_on_local_run(smoke_run, tmp_path):
     from tasks.inspect import execute_notebook
 
-    nb = nbformat.read(execute_notebook(smoke_run, out=str(tmp_path / "out.ipynb")), as_version=4)
+    nb = nbformat.read(execute_notebook(smoke_run, store=SMOKE_STORE_ROOT, out=str(tmp_path / "out.ipynb")), as_version=4)
     pngs, text = _outputs(nb)
     assert len(pngs) >= 3 and all(p.startswith(b"\x89PNG") for p in pngs)  # curves + two distributions
     assert f"run {smoke_run}" in text and "pass_at_k" in text
@@ -37,7 +37,7 @@ def test_notebook_on_s3_run(smoke_run, s3_store, s3_endpoint, tmp_path):
     from tasks.inspect import execute_notebook
     from tasks.storage import Store
 
-    copy_run(Store(f"file://{REPO}/.rlvr/store"), s3_store, smoke_run)
+    copy_run(Store(SMOKE_STORE_ROOT), s3_store, smoke_run)
     out = execute_notebook(smoke_run, store=s3_store.root, endpoint_url=s3_endpoint,
                            out=str(tmp_path / "out.ipynb"))
     pngs, text = _outputs(nbformat.read(out, as_version=4))

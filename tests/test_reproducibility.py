@@ -13,14 +13,14 @@ import time
 
 import pytest
 
-from tests.fixtures.smoke_run import REPO, copy_run
+from tests.fixtures.smoke_run import REPO, SMOKE_STORE_ROOT, copy_run
 
 
 @pytest.fixture
 def two_copies(tmp_path, smoke_run):
     from tasks.storage import Store
 
-    src, dst = Store(f"file://{REPO}/.rlvr/store"), Store(f"file://{tmp_path}/store")
+    src, dst = Store(SMOKE_STORE_ROOT), Store(f"file://{tmp_path}/store")
     copy_run(src, dst, smoke_run, "base")
     copy_run(src, dst, smoke_run, "again")
     return dst

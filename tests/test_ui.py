@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from tests.fixtures.smoke_run import REPO
+from tests.fixtures.smoke_run import REPO, SMOKE_STORE_ROOT
 
 SCREENSHOT_DIR = REPO / ".rlvr" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
@@ -20,7 +20,7 @@ def _ctx(run_id: str):
     from schemas.presets import load_config
     from tasks.storage import Store
 
-    return types.SimpleNamespace(store=Store(f"file://{REPO}/.rlvr/store"), run_id=run_id, cfg=load_config("smoke"))
+    return types.SimpleNamespace(store=Store(SMOKE_STORE_ROOT), run_id=run_id, cfg=load_config("smoke"))
 
 
 def test_artifacts_are_noops_outside_a_flow_run():
@@ -128,7 +128,7 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
             browser.close()
     from tasks.storage import Store
 
-    m = Store(f"file://{REPO}/.rlvr/store").read_manifest(run_id)
+    m = Store(f"file://{REPO}/.rlvr/store").read_manifest(run_id)  # a form run uses the preset's own store
     assert m is not None and m.preset == "smoke" and m.status in ("succeeded", "target_not_reached")
 
 
