@@ -67,13 +67,17 @@ def evaluate(preset: str = "mini", overrides: dict | None = None, checkpoint: st
     """pass@k of `checkpoint` (a model dir or object-store URI; default: the preset's warm-started base)."""
     from flows.prepare import prepare_run_context
 
-    ctx, base = prepare_run_context(preset, overrides, run_id or f"eval-{int(time.time())}")
+    ctx, base = prepare_run_context(preset, overrides, run_id or f"eval-{int(time.time())}",
+                                    dataset_only=checkpoint is not None)
     try:
         from tasks.policy.model import resolve_model_dir
 
-        model_dir = resolve_model_dir(ctx.store.uri(checkpoint) if checkpoint and "://" not in checkpoint
-                                      and not checkpoint.startswith("/") else (checkpoint or base["base_model"]),
-                                      storage_options=_storage_options(ctx))
+        if checkpoint is None:
+            model_dir = base["base_model_dir"]
+        else:  # a local directory, a URI, or a key in the run's store
+            local = checkpoint.startswith("/") or "://" in checkpoint
+            model_dir = resolve_model_dir(checkpoint if local else ctx.store.uri(checkpoint),
+                                          storage_options=_storage_options(ctx))
         ctx.start_policy(model_dir, version=0, trainer=False)
         return evaluation(ctx, step)
     finally:

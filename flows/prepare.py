@@ -178,9 +178,11 @@ def prepare(preset: str = "mini", overrides: dict | None = None) -> dict:
     return prepare_config(cfg)
 
 
-def prepare_config(cfg: RunConfig) -> dict:
+def prepare_config(cfg: RunConfig, dataset_only: bool = False) -> dict:
     store = Store.from_config(cfg.storage)
     tasks_key = dataset(cfg, store)
+    if dataset_only:
+        return {"tasks": tasks_key}
     model_key = base_model(cfg, store, tasks_key)
     if cfg.model.path:  # a real checkpoint is its own base
         return {"tasks": tasks_key, "model": model_key, "demonstrations": None, "base_model": model_key}
@@ -189,14 +191,15 @@ def prepare_config(cfg: RunConfig) -> dict:
     return {"tasks": tasks_key, "model": model_key, "demonstrations": demos_key, "base_model": base_key}
 
 
-def prepare_run_context(preset: str, overrides, run_id: str) -> tuple[RunContext, dict]:
+def prepare_run_context(preset: str, overrides, run_id: str, dataset_only: bool = False) -> tuple[RunContext, dict]:
     cfg = load_config(preset, overrides)
-    prepared = prepare_config(cfg)
+    prepared = prepare_config(cfg, dataset_only)
     store = Store.from_config(cfg.storage)
     workdir = work_root() / run_id
     workdir.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(cfg=cfg, store=store, run_id=run_id, workdir=workdir, tasks=load_tasks(store, prepared["tasks"]))
-    prepared["base_model_dir"] = str(_local_model(cfg, store, prepared["base_model"]))
+    if not dataset_only:
+        prepared["base_model_dir"] = str(_local_model(cfg, store, prepared["base_model"]))
     return ctx, prepared
 
 

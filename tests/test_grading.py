@@ -316,3 +316,18 @@ def test_ctrl_c_during_grading_leaves_nothing(sandbox_backend, r2e_tasks, sandbo
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_identical_patches_of_a_task_are_graded_once(sandbox_rootfs, r2e_tasks, sandbox_store):
+    from tasks.grading import grade_rollouts
+
+    task = r2e_tasks["calc"]
+    items = [("r0", "run", 1, task["row"], task["gold"]), ("r1", "run", 1, task["row"], ""),
+             ("r2", "run", 1, task["row"], task["gold"])]
+    rows = grade_rollouts(items, sandbox_cfg("bwrap"), sandbox_store).to_pylist()
+    assert [r["rollout_id"] for r in rows] == ["r0", "r1", "r2"]
+    assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0]
+    # one grading shared: the same measured times, to the nanosecond
+    assert rows[0]["total_seconds"] == rows[2]["total_seconds"] != rows[1]["total_seconds"]
+    separate = grade_rollouts(items, sandbox_cfg("bwrap"), sandbox_store, dedupe=False).to_pylist()
+    assert separate[0]["total_seconds"] != separate[2]["total_seconds"]

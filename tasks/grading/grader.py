@@ -195,16 +195,25 @@ def _reap_once(cfg) -> None:
             pass
 
 
-def grade_rollouts(items, cfg, store) -> pa.Table:
+def grade_rollouts(items, cfg, store, dedupe: bool = True) -> pa.Table:
     """Grade (rollout_id, run_id, step, task_row, patch) items with at most cfg.concurrency
-    sandboxes at once; returns a validated REWARDS table in the items' order."""
+    sandboxes at once; returns a validated REWARDS table in the items' order.
+
+    dedupe: rollouts of one task with byte-identical patches are graded once and share the result
+    (the hidden tests see the same files). Groups sampled at low temperature repeat themselves a
+    lot (an evaluation's 4 samples, many empty patches), so this saves most gradings there."""
     items = list(items)
     _reap_once(cfg)
+    keys = [(row["instance_id"], patch) if dedupe else i for i, (_, _, _, row, patch) in enumerate(items)]
+    unique = {}
+    for k, (_, _, _, row, patch) in zip(keys, items):
+        unique.setdefault(k, (row, patch))
     cancel = threading.Event()
     pool = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency), thread_name_prefix="grade")
     try:
-        futures = [pool.submit(grade_patch, row, patch, cfg, store, cancel) for (_, _, _, row, patch) in items]
-        results = [f.result() for f in futures]
+        futures = {k: pool.submit(grade_patch, row, patch, cfg, store, cancel) for k, (row, patch) in unique.items()}
+        graded = {k: f.result() for k, f in futures.items()}
+        results = [graded[k] for k in keys]
     except BaseException:
         # Ctrl-C (or a bug): stop new gradings, kill the running ones, leave nothing behind.
         cancel.set()
