@@ -23,7 +23,7 @@ vllm-venv: $(VLLM_VENV)/.installed
 # (for example no triton, which breaks nemo_automodel's import on CPU).
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip==26.3
+	$(VENV)/bin/pip install -q --upgrade pip==26.3 setuptools==84.2.1
 	$(VENV)/bin/pip install -q --no-deps -r requirements.lock
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
