@@ -1,15 +1,21 @@
 """Shared test set-up. Expensive fixtures (moto S3 server, sandbox image, vLLM server)
 live in tests/fixtures/<area>.py, are session-scoped, and are registered here."""
 
+import atexit
 import os
 import pathlib
+import shutil
 import tempfile
 
 # Prefect: a throwaway home and no telemetry for the whole session, set before prefect is imported.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="rlvr-prefect-")
+atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.pop("PREFECT_API_URL", None)
+
+# tests/data holds R2E-format task repos whose own hidden tests run inside sandboxes, not here.
+collect_ignore = ["data"]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
