@@ -1,6 +1,7 @@
 """The benchmark end to end: a real smoke run through Prefect, resume after SIGKILL, the MLPerf log."""
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -71,18 +72,22 @@ def test_rerun_of_a_finished_run_does_nothing(smoke_train_run, tmp_path):
 
 
 def _run_until(cmd, env, marker: str, timeout: float = 900) -> tuple[bool, str]:
-    """Start the train flow; SIGKILL it as soon as `marker` appears in its output."""
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    """Start the train flow; SIGKILL it as soon as `marker` appears in its output.
+
+    The whole process group dies, as when a job is killed: the flow, its trainer worker and
+    Prefect's temporary API server (which would otherwise outlive the test)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     seen, deadline = [], time.monotonic() + timeout
     for line in proc.stdout:
         seen.append(line)
         if marker in line:
-            proc.send_signal(signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return True, "".join(seen)
         if time.monotonic() > deadline:
             break
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     return False, "".join(seen)
 
