@@ -83,9 +83,10 @@ def throughput(mode: str, row: dict, gold: str, store, n: int, concurrency: int)
 
     items = [(f"r{i}", "bench", 1, row, gold if i % 2 == 0 else "") for i in range(n)]
     cfg = cfg_for(mode, concurrency)
-    grade_rollouts(items[:concurrency], cfg, store)  # warm-up (pool, page cache)
+    # dedupe off: every grading runs, as it must for distinct patches (the bench has only two)
+    grade_rollouts(items[:concurrency], cfg, store, dedupe=False)  # warm-up (pool, page cache)
     cpu0, t0 = cpu_seconds(mode), time.monotonic()
-    t = grade_rollouts(items, cfg, store)
+    t = grade_rollouts(items, cfg, store, dedupe=False)
     wall = time.monotonic() - t0
     cpu = cpu_seconds(mode) - cpu0
     rows = t.to_pylist()
