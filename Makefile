@@ -6,7 +6,8 @@ VLLM_VENV := .venv-vllm
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset
+.PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
+	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -49,6 +50,24 @@ bench-sandbox: venv system
 
 bench-dataset: venv system
 	$(PY) tests/bench/bench_dataset.py
+
+bench-model: venv
+	$(PY) tests/bench/bench_model.py
+
+bench-policy: venv
+	$(PY) tests/bench/bench_policy.py
+
+bench-inference: setup
+	$(PY) tests/bench/bench_inference.py
+
+bench-rollouts: setup
+	$(PY) tests/bench/bench_rollouts.py $(ARGS)
+
+bench-orchestration: setup
+	$(PY) tests/bench/bench_orchestration.py $(ARGS)
+
+bench-overlap: setup
+	$(PY) tests/bench/bench_overlap.py $(ARGS)
 
 # The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT) with the train / evaluate / prepare / reproducibility
 # deployments served (no work pool needed); REPRO_BASELINE=<run id> schedules reproducibility reruns.

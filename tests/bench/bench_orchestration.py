@@ -1,6 +1,7 @@
 """Orchestration overhead: one GRPO iteration as the Prefect flow (tables committed to the object
 store, validated on write and read) versus the same task functions called in one plain Python
-process with the tables kept in memory. Also: synchronous versus overlapped collection.
+process with the tables kept in memory (synchronous collection in both; synchronous versus
+overlapped is tests/bench/bench_overlap.py).
 
     python tests/bench/bench_orchestration.py [--preset smoke] [--repeats 3] [overrides ...]
 
