@@ -26,6 +26,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="smoke")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--checkpoint", help="policy to serve and train (default: the preset's warm-started base)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     from flows.main import prefect_defaults
@@ -42,8 +43,8 @@ def main():
 
     run_id = f"bench-orch-{int(time.time())}"
     overrides = parse_overrides(args.overrides + ["grpo.async_rollouts=false"])
-    ctx, prepared = prepare_run_context(args.preset, overrides, run_id)
-    ctx.start_policy(__import__("pathlib").Path(prepared["base_model_dir"]), 0)
+    ctx, prepared = prepare_run_context(args.preset, overrides, run_id, dataset_only=args.checkpoint is not None)
+    ctx.start_policy(__import__("pathlib").Path(args.checkpoint or prepared["base_model_dir"]), 0)
     tmp = tempfile.mkdtemp(prefix="bench-orch-")
     flow_times, plain_times = [], []
     try:
