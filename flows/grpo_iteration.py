@@ -67,8 +67,7 @@ def grading(ctx: RunContext, step: int, trajectories_key: str, stage: str = "rew
     key = stage_key(ctx.run_id, step, stage)
     if ctx.store.is_committed(key):
         return key
-    traj = ctx.store.read_table(trajectories_key).select(["rollout_id", "instance_id", "step", "final_patch",
-                                                          "finish_reason"]).to_pylist()
+    traj = ctx.store.read_table(trajectories_key, columns=["rollout_id", "instance_id", "final_patch"]).to_pylist()
     items = [(t["rollout_id"], ctx.run_id, step, ctx.tasks[t["instance_id"]], t["final_patch"]) for t in traj]
     log(f"step {step} {stage}: start ({len(items)} patches)")
     table = grade_rollouts(items, ctx.cfg.sandbox, ctx.store)

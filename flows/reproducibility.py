@@ -191,7 +191,7 @@ def compare_runs(store: Store, baseline_id: str, rerun_id: str, tol: Tolerances 
 def _by_sample(store: Store, run_id: str, step: int, stage: str) -> dict:
     if not store.stage_committed(run_id, step, stage):
         return {}
-    t = store.read_stage(run_id, step, stage).select(["instance_id", "sample_index", "token_ids", "prompt_length"])
+    t = store.read_stage(run_id, step, stage, columns=["instance_id", "sample_index", "token_ids", "prompt_length"])
     return {(r["instance_id"], r["sample_index"]): r for r in t.to_pylist()}
 
 
@@ -199,7 +199,7 @@ def _rewards(store: Store, run_id: str, step: int, stage: str) -> dict:
     if not store.stage_committed(run_id, step, stage):
         return {}
     # rollout ids embed the run id: key by (instance, sample) via the rollout id's tail
-    t = store.read_stage(run_id, step, stage).select(["rollout_id", "reward"]).to_pylist()
+    t = store.read_stage(run_id, step, stage, columns=["rollout_id", "reward"]).to_pylist()
     return {r["rollout_id"].split("/", 1)[1]: r["reward"] for r in t}
 
 

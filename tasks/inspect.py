@@ -130,18 +130,18 @@ def step_stats(store: Store, run_id: str, step: int) -> dict:
     """One training step in numbers (what the Prefect UI's progress table shows)."""
     out: dict = {"step": step}
     if store.stage_committed(run_id, step, "rewards"):
-        rw = store.read_stage(run_id, step, "rewards").select(["reward", "grading_status"]).to_pylist()
+        rw = store.read_stage(run_id, step, "rewards", columns=["reward", "grading_status"]).to_pylist()
         graded = [r["reward"] for r in rw if r["reward"] is not None]
         out.update(mean_reward=round(sum(graded) / len(graded), 4) if graded else None,
                    solved=int(sum(graded)), graded=len(graded), infra_errors=len(rw) - len(graded))
     if store.stage_committed(run_id, step, "trajectories"):
-        tr = store.read_stage(run_id, step, "trajectories").select(
-            ["finish_reason", "num_turns", "num_generated_tokens"]).to_pandas()
+        tr = store.read_stage(run_id, step, "trajectories",
+                              columns=["finish_reason", "num_turns", "num_generated_tokens"]).to_pandas()
         out["finish_reasons"] = ", ".join(f"{k} {v}" for k, v in tr["finish_reason"].value_counts().items())
         out["mean_turns"] = round(float(tr["num_turns"].mean()), 2)
         out["mean_generated_tokens"] = round(float(tr["num_generated_tokens"].mean()), 1)
     if store.stage_committed(run_id, step, "advantages"):
-        adv = store.read_stage(run_id, step, "advantages").select(["group_id", "group_std", "masked"]).to_pandas()
+        adv = store.read_stage(run_id, step, "advantages", columns=["group_id", "group_std", "masked"]).to_pandas()
         out["groups_with_signal"] = int((adv.groupby("group_id")["group_std"].max() > 0).sum())
         out["masked"] = int(adv["masked"].sum())
     if store.stage_committed(run_id, step, "eval_summary"):

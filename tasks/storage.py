@@ -204,7 +204,11 @@ class Store:
         self._atomic_write(marker, json.dumps(commit.__dict__, sort_keys=True).encode())
         return commit
 
-    def read_table(self, key: str, stage: str | None = None, validate: bool = True) -> pa.Table:
+    def read_table(self, key: str, stage: str | None = None, validate: bool = True,
+                   columns: list[str] | None = None) -> pa.Table:
+        """A committed table. `columns` decodes only those (a training step's trajectories are mostly
+        token columns that a reader of rewards or patches does not need); their types are checked
+        against the schema, the row rules were checked on the whole table when it was committed."""
         stage = stage or _stage_name(key)
         marker = self._read_marker(self.path(key) + COMMIT_SUFFIX)
         if marker is None:
@@ -215,8 +219,19 @@ class Store:
         if len(data) != marker["bytes"]:
             raise StorageError(f"stage '{stage}' at {self.uri(key)} has {len(data)} bytes but its commit says "
                                f"{marker['bytes']}: the object was changed outside the store")
-        table = pq.read_table(pa.BufferReader(data))
-        if validate:
+        missing = [c for c in columns or [] if c not in pq.read_schema(pa.BufferReader(data)).names]
+        if missing:
+            raise TableValidationError(f"{stage} @ {key} (on read)", missing[0], None, "column_present",
+                                       "column is missing")
+        table = pq.read_table(pa.BufferReader(data), columns=columns)
+        if validate and columns is not None:
+            schema = schema_for(stage)
+            for name in columns:
+                want = schema.columns[name][0] if name in schema.columns else None
+                if table.schema.field(name).type != want:
+                    raise TableValidationError(f"{stage} @ {key} (on read)", name, None, "dtype",
+                                               f"expected {want}, got {table.schema.field(name).type}")
+        elif validate:
             try:
                 schema_for(stage).validate(table, stage=f"{stage} @ {key}")
             except TableValidationError as e:
@@ -244,8 +259,8 @@ class Store:
     def write_stage(self, run_id: str, step: int | None, stage: str, table: pa.Table, overwrite: bool = False) -> Commit:
         return self.write_table(stage_key(run_id, step, stage), table, stage=stage, overwrite=overwrite)
 
-    def read_stage(self, run_id: str, step: int | None, stage: str) -> pa.Table:
-        return self.read_table(stage_key(run_id, step, stage), stage=stage)
+    def read_stage(self, run_id: str, step: int | None, stage: str, columns: list[str] | None = None) -> pa.Table:
+        return self.read_table(stage_key(run_id, step, stage), stage=stage, columns=columns)
 
     def stage_committed(self, run_id: str, step: int | None, stage: str) -> bool:
         return self.is_committed(stage_key(run_id, step, stage))

@@ -35,6 +35,16 @@ def test_round_trip(store):
     assert [c.key for c in store.commits("runs/run-a")] == [commit.key]
 
 
+def test_read_a_column_subset(file_store):
+    table = _trajectories()
+    file_store.write_stage("run-c", 1, "trajectories", table)
+    back = file_store.read_stage("run-c", 1, "trajectories", columns=["rollout_id", "final_patch"])
+    assert back.column_names == ["rollout_id", "final_patch"]
+    assert back.equals(table.select(["rollout_id", "final_patch"]))
+    with pytest.raises(TableValidationError, match="no_such_column.*column_present"):
+        file_store.read_stage("run-c", 1, "trajectories", columns=["rollout_id", "no_such_column"])
+
+
 def test_layout_is_parquet_zstd(file_store):
     file_store.write_stage("run-a", 1, "trajectories", _trajectories())
     path = os.path.join(file_store.base, stage_key("run-a", 1, "trajectories"))
