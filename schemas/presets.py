@@ -101,12 +101,16 @@ def parse_overrides(overrides: list[str] | dict | None) -> dict:
             value = json.loads(raw)
         except ValueError:
             value = raw
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
+        set_dotted(out, key, value)
     return out
+
+
+def set_dotted(tree: dict, key: str, value: Any) -> None:
+    """tree["a"]["b"] = value for key "a.b", creating the sections on the way."""
+    *sections, name = key.split(".")
+    for section in sections:
+        tree = tree.setdefault(section, {})
+    tree[name] = value
 
 
 def load_config(preset: str = "mini", overrides: list[str] | dict | None = None) -> RunConfig:
