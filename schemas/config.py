@@ -35,6 +35,11 @@ class DatasetConfig(_Strict):
     num_validation: int = Field(251, ge=1)
     # Mini benchmark only: scales how much code surrounds each bug (see tasks/dataset/mini.py).
     difficulty: float = Field(0.5, ge=0.0, le=1.0)
+    # Mini benchmark only: how validation differs from training. "instance": a validation task may
+    # share a bug site and its constants with training tasks but never its function (name + family),
+    # its buggy function text or its issue; "bug_site": in addition, every (function, bug site,
+    # constants) group belongs to one split (far harder: see tasks/dataset/mini.py).
+    split: Literal["instance", "bug_site"] = "instance"
     # Order of training problems: a seeded fixed order (the reference) or reshuffled every epoch.
     order: Literal["fixed", "shuffled"] = "fixed"
 

@@ -69,6 +69,22 @@ def test_no_validation_instance_leaks_into_training(full):
     assert len({r["problem_statement"] for r in _rows(full)}) == 951
 
 
+def test_instance_split_shares_bug_sites_and_site_split_does_not(full):
+    site = lambda r: (lambda m: (m["template"], m["bug_site"]))(json.loads(r["parsed_commit_content"])["metadata"])
+    const = lambda r: mini.leakage_keys(dict(r, parsed_commit_content=json.dumps(
+        {"metadata": dict(json.loads(r["parsed_commit_content"])["metadata"], split_rule="bug_site")})))["const"]
+    # instance (default): most validation tasks are an edit training demonstrates on another function
+    trained = {site(r) for r in _rows(full, "train")}
+    val = _rows(full, "validation")
+    assert sum(site(r) in trained for r in val) / len(val) > 0.8
+    assert {const(r) for r in val} & {const(r) for r in _rows(full, "train")}
+    # bug_site: no (function, site, constants) group is in both splits, and leakage_keys says so
+    strict = mini.generate(DatasetConfig(num_train=200, num_validation=72, split="bug_site"))
+    assert all("const" in mini.leakage_keys(r) for r in _rows(strict))
+    train_groups = {const(r) for r in _rows(strict, "train")}
+    assert not any(const(r) in train_groups for r in _rows(strict, "validation"))
+
+
 def test_families_packages_and_names_are_shared_by_both_splits(full):
     for split in ("train", "validation"):
         assert {r["bug_family"] for r in _rows(full, split)} == set(FAMILIES)

@@ -61,6 +61,7 @@ def mini_dataset_id(cfg, docker_image: str) -> str:
         h.update((here / name).read_bytes())
     h.update(json.dumps({"version": mini.GENERATOR_VERSION, "seed": cfg.seed, "num_train": cfg.num_train,
                          "num_validation": cfg.num_validation, "difficulty": cfg.difficulty,
+                         "split": cfg.split,
                          "docker_image": docker_image}, sort_keys=True).encode())
     return "mini-" + h.hexdigest()[:12]
 

@@ -7,18 +7,23 @@ fails before the gold patch; the others pass both ways) and the gold patch as an
 R2E-Gym-style ParsedCommit. Everything is a pure function of the config: the same
 seed gives byte-identical rows and archives.
 
-Splits are by instance. Bug families, packages and the identifier pools are shared by
-train and validation (a tiny model scores ~0 on families or names it never trained
-on, ARCHITECTURE.md s7), but no validation task shares with any training task
+Splits are by instance (`split="instance"`, the default). Bug families, packages, the
+identifier pools and the bug sites are shared by train and validation (a tiny model scores
+~0 on families, names or edits it never trained on, ARCHITECTURE.md s7; measured here too:
+with sites split, 225 of 251 validation tasks needed an edit never demonstrated and a
+warm start that solved a third of its training tasks solved no validation task), but no
+validation task shares with any training task
   - its (package, function name, bug family),
   - its buggy function's text,
-  - its (template, bug site, constants),
   - its issue text.
-`leakage_keys(row)` recomputes these keys from a row; the tests check them.
-How: each (function template, bug site, constants) group belongs to one split, decided
-up front per family (round-robin over functions, at least 4 groups in validation, no
-function validation-only); tasks draw fresh names for their group, validation reusing
-function names that training uses, so names are shared while instances are not.
+So a validation task is an edit the model has seen made to a function of another name
+(and other argument names, neighbours, file layout, issue wording): it has to read the
+code it is given rather than recall it. `split="bug_site"` adds a fourth key, the
+(template, bug site, constants) group: each group belongs to one split, decided up front
+per family (round-robin over functions, at least 4 groups in validation, no function
+validation-only), the far harder generalisation.
+`leakage_keys(row)` recomputes the keys from a row; the tests check them.
+Names stay shared: validation reuses function names that training uses (for other bugs).
 
 `difficulty` (0..1; every level keeps every family in both splits):
   - distractor code: each other function of the target module is included with
@@ -395,12 +400,15 @@ def _candidate(tpl: Template, bug_index: int, rng: random.Random, level: int,
 
 
 def leakage_keys(row: dict) -> dict[str, str]:
-    """The split-by-instance keys of a mini row, recomputed from its content (for tests and audits)."""
+    """The keys no validation row may share with a training row, recomputed from its content
+    (for tests and audits); which keys depends on the dataset's split rule."""
     meta = json.loads(row["parsed_commit_content"])["metadata"]
-    return {"fn": f"{row['repo_name']}|{meta['function']}|{row['bug_family']}",
+    keys = {"fn": f"{row['repo_name']}|{meta['function']}|{row['bug_family']}",
             "body": meta["buggy_function"],
-            "const": f"{meta['template']}|{meta['bug_site']}|{meta['constants']}",
             "issue": row["problem_statement"]}
+    if meta.get("split_rule", "bug_site") == "bug_site":
+        keys["const"] = f"{meta['template']}|{meta['bug_site']}|{meta['constants']}"
+    return keys
 
 
 # ----------------------------------------------------------------------------- assembling a task
@@ -436,7 +444,8 @@ def _distractors(tpl: Template, target: Rendered, rng: random.Random, difficulty
     return modules
 
 
-def _assemble(c: _Candidate, rng: random.Random, difficulty: float, docker_image: str, split: str) -> MiniTask:
+def _assemble(c: _Candidate, rng: random.Random, difficulty: float, docker_image: str, split: str,
+              split_rule: str) -> MiniTask:
     tpl, target = c.target.tpl, c.target
     pkg, path = tpl.package, f"{tpl.package}/{tpl.module}.py"
     modules = _distractors(tpl, target, rng, difficulty)
@@ -501,7 +510,7 @@ def _assemble(c: _Candidate, rng: random.Random, difficulty: float, docker_image
     commit["metadata"] = {
         "generator": GENERATOR_VERSION, "template": tpl.key, "bug_site": c.bug_index,
         "function": target.name, "constants": repr(tuple(sorted(target.mapping["_consts"].items()))),
-        "buggy_function": c.buggy_source, "issue_level": c.level,
+        "buggy_function": c.buggy_source, "issue_level": c.level, "split_rule": split_rule,
     }
     row = {
         "instance_id": f"{pkg}__{new_sha[:12]}",
@@ -547,7 +556,7 @@ def _const_combos(tpl: Template) -> list[dict]:
     return [dict(zip(keys, vals)) for vals in itertools.product(*(tpl.consts[k] for k in keys))]
 
 
-def _plan(rng: random.Random, val_fraction: float) -> dict:
+def _plan(rng: random.Random, val_fraction: float, split_rule: str) -> dict:
     """(split, family) -> {(template index, bug site): [constants...]}: which bug sites each split draws from.
 
     A bug site with given constants (a "group") belongs to one split, so a validation task
@@ -557,6 +566,12 @@ def _plan(rng: random.Random, val_fraction: float) -> dict:
     """
     groups = [(b.family, t, i, c) for t, tpl in enumerate(TEMPLATES) for i, b in enumerate(tpl.bugs)
               for c in _const_combos(tpl)]
+    if split_rule == "instance":  # every group is open to both splits
+        plan: dict = {}
+        for family, t, i, c in groups:
+            for split in ("train", "validation"):
+                plan.setdefault((split, family), {}).setdefault((t, i), []).append(c)
+        return plan
     split_of = {}
     for family in FAMILIES:
         per_tpl: dict[int, list] = {}
@@ -592,7 +607,8 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
     slots = [(s, f) for s, n in (("train", cfg.num_train), ("validation", cfg.num_validation))
              for f, q in _quotas(n, weights).items() for _ in range(q)]
     rng.shuffle(slots)
-    plan = _plan(rng, cfg.num_validation / (cfg.num_train + cfg.num_validation))
+    split_rule = getattr(cfg, "split", "bug_site")
+    plan = _plan(rng, cfg.num_validation / (cfg.num_train + cfg.num_validation), split_rule)
     owner: dict = {}  # leakage key -> split
     used = {"train": {}, "validation": {}}  # split -> template key -> function names of its tasks
     per_template = [0] * len(TEMPLATES)  # training tasks so far
@@ -621,13 +637,13 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
             # fn/const keys may repeat, but only inside one split.
             if any(k in owner for k in c.keys if k[0] in ("body", "issue")):
                 continue
-            if any(owner.get(k, split) != split for k in c.keys):
+            if any(owner.get(k, split) != split for k in c.keys if split_rule == "bug_site" or k[0] != "const"):
                 continue
             for k in c.keys:
                 owner[k] = split
             used[split].setdefault(tpl.key, set()).add(c.target.name)
             per_template[t] += split == "train"
-            tasks.append(_assemble(c, rng, cfg.difficulty, docker_image, split))
+            tasks.append(_assemble(c, rng, cfg.difficulty, docker_image, split, split_rule))
             break
         else:
             raise GenerationError(f"could not place a new '{family}' task in split '{split}' after "
