@@ -18,12 +18,22 @@ from tasks.evaluation import eval_samples_table, eval_summary_row, spread, summa
 from tasks.storage import stage_key
 
 
+def eval_task_ids(ctx: RunContext) -> list[str]:
+    """All validation tasks, or with eval.max_tasks an evenly strided subset of them: ids sort by
+    package, so a prefix would evaluate one or two packages only."""
+    ids = ctx.split_ids("validation")
+    n = ctx.cfg.eval.max_tasks
+    if n is None or n >= len(ids):
+        return ids
+    return [ids[i * len(ids) // n] for i in range(n)]
+
+
 @task(name="eval-rollouts", cache_policy=NONE)
 def eval_rollouts(ctx: RunContext, step: int) -> str:
     key = stage_key(ctx.run_id, step, "eval_trajectories")
     if ctx.store.is_committed(key):
         return key
-    ids = ctx.split_ids("validation")[: ctx.cfg.eval.max_tasks]
+    ids = eval_task_ids(ctx)
     table = ctx.loop.call(collect_rollouts(ctx, step, ids, "validation", ctx.cfg.eval.samples_per_task,
                                            "eval_trajectories"))
     ctx.store.write_table(key, table, stage="eval_trajectories")
@@ -37,7 +47,7 @@ def pass_at_k(ctx: RunContext, step: int, trajectories_key: str, rewards_key: st
         return ctx.store.read_table(key).to_pylist()[0]
     samples = eval_samples_table(ctx.store.read_table(trajectories_key), ctx.store.read_table(rewards_key))
     ctx.store.write_table(stage_key(ctx.run_id, step, "eval_samples"), samples, stage="eval_samples", overwrite=True)
-    ids = ctx.split_ids("validation")[: ctx.cfg.eval.max_tasks]
+    ids = eval_task_ids(ctx)
     s = summarize(samples.to_pylist(), ctx.cfg.eval.k, task_ids=ids)
     versions = samples["policy_version"].to_pylist()
     row = eval_summary_row(ctx.run_id, step, min(versions) if versions else ctx.policy_version, s, ctx.cfg.eval.k,

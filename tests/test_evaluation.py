@@ -36,3 +36,17 @@ def test_summary_masks_and_counts_missing_tasks():
     sp = spread(out)
     assert sp["share_tasks_strictly_between_0_and_1"] == pytest.approx(1 / 3)
     assert sp["pass_at_k_minus_pass_at_1"] == pytest.approx(out.pass_at_k - out.pass_at_1)
+
+
+def test_eval_subset_spreads_over_packages():
+    from types import SimpleNamespace
+
+    from flows.evaluate import eval_task_ids
+    from schemas.presets import load_config
+
+    ids = sorted(f"{pkg}__{i:03d}" for pkg in ("alpha", "beta", "gamma", "delta") for i in range(25))
+    ctx = SimpleNamespace(split_ids=lambda split: ids, cfg=load_config("mini", ["eval.max_tasks=8"]))
+    subset = eval_task_ids(ctx)
+    assert len(subset) == len(set(subset)) == 8 and {s.split("__")[0] for s in subset} == {"alpha", "beta", "gamma", "delta"}
+    ctx.cfg = load_config("mini")
+    assert eval_task_ids(ctx) == ids
