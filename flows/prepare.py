@@ -27,7 +27,7 @@ from schemas.config import RunConfig
 from schemas.presets import load_config
 from tasks.storage import Store
 
-TOKENIZER_CORPUS_VERSION = 3
+TOKENIZER_CORPUS_VERSION = 4
 
 
 def _digest(*parts) -> str:
@@ -47,20 +47,28 @@ def dataset(cfg: RunConfig, store: Store) -> str:
 def _agent_text(style: str) -> str:
     """The agent's fixed text (system prompt, tool schemas, tool-call markup) as the chat template renders it.
 
-    It opens every episode, so the tokenizer should learn it: with the schemas in its corpus the
-    prompt shrinks by more than half, and so does what every rollout and update pays for."""
+    It opens every episode and frames every tool call, so the tokenizer should learn it: with the
+    schemas in its corpus the prompt shrinks by more than half, and so does what every rollout and
+    update pays for."""
     import jinja2
 
     from tasks.agent.loop import INSTANCE_PROMPT, SYSTEM_PROMPT
     from tasks.agent.tools import prompt_tools
-    from tasks.policy.tokenizer import CHAT_TEMPLATE
+    from tasks.policy.tokenizer import CHAT_TEMPLATE, assistant_text, observation_segment
 
     env = jinja2.Environment()
     env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
     messages = [{"role": "system", "content": SYSTEM_PROMPT[style]},
                 {"role": "user", "content": INSTANCE_PROMPT[style].format(problem_statement="...")}]
-    return env.from_string(CHAT_TEMPLATE).render(messages=messages, tools=prompt_tools(style),
-                                                 add_generation_prompt=True)
+    calls = [{"name": "file_editor", "arguments": {"command": "view", "path": "/testbed/pkg/mod.py"}},
+             {"name": "file_editor", "arguments": {"command": "str_replace", "path": "/testbed/pkg/mod.py",
+                                                   "old_str": "...", "new_str": "..."}},
+             {"name": "execute_bash", "arguments": {"cmd": "..."}},
+             {"name": "search", "arguments": {"search_term": "...", "path": "/testbed"}},
+             {"name": "finish", "arguments": {"command": "submit"}}]
+    prompt = env.from_string(CHAT_TEMPLATE).render(messages=messages, tools=prompt_tools(style),
+                                                   add_generation_prompt=True)
+    return prompt + "".join(assistant_text(None, [c]) + observation_segment(["..."]) for c in calls)
 
 
 def _train_corpus(store: Store, tasks: dict[str, dict], style: str):

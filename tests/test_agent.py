@@ -16,6 +16,7 @@ from tasks.agent.loop import Completion, parse_tool_calls, run_episode
 from tasks.agent.scripted import ScriptedSolver, parse_unified_diff, unique_edit
 from tasks.agent.tools import ToolBox, ToolError, tool_schemas
 from tests.fixtures.sandbox import sandbox_cfg
+from tasks.policy import tokenizer as T
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,30 @@ def calc_sandbox(sandbox_rootfs, r2e_tasks, sandbox_store):
 # --- parsing ------------------------------------------------------------------------------------
 
 
-def test_parse_tool_calls_well_formed_and_malformed():
+def xml_call(name, **args):
+    """A tool call in the layout our template renders (Qwen3.5's)."""
+    return T.tool_call_text(name, args)
+
+
+def test_parse_tool_calls_qwen35_layout():
+    text = ("thinking\n" + xml_call("file_editor", command="str_replace", path="/testbed/a.py",
+                                    old_str='    return "x"\n', new_str="    return 'y'")
+            + xml_call("file_editor", command="view", path="/testbed/a.py", view_range=[3, 9])
+            + "<tool_call>\n<function=file_editor>\n<parameter=view_range>\n[3,\n</parameter>\n</function>\n</tool_call>"
+            + "<tool_call>\n<parameter=cmd>\nls\n</parameter>\n</tool_call>")
+    content, calls, errors = parse_tool_calls(text)
+    assert content == "thinking"
+    # string values come back exactly as written: quotes, a trailing newline, no escaping
+    assert calls == [{"name": "file_editor", "arguments": {"command": "str_replace", "path": "/testbed/a.py",
+                                                           "old_str": '    return "x"\n', "new_str": "    return 'y'"}},
+                     {"name": "file_editor", "arguments": {"command": "view", "path": "/testbed/a.py",
+                                                           "view_range": [3, 9]}}]
+    assert len(errors) == 2
+    assert "parameter view_range of file_editor is not a JSON array" in errors[0]
+    assert "expected <function=NAME>" in errors[1]
+
+
+def test_parse_tool_calls_json_layout_well_formed_and_malformed():
     text = ('thinking\n<tool_call>\n{"name": "search", "arguments": {"search_term": "add"}}\n</tool_call>'
             '<tool_call>\n{"name": "file_editor", "arguments": {oops}\n</tool_call>'
             '<tool_call>\n{"arguments": {}}\n</tool_call>')
@@ -145,10 +169,10 @@ def test_scripted_solver_fixes_the_task_and_grades_1(calc_sandbox, r2e_tasks, to
 
 def test_malformed_and_unknown_calls_become_counted_error_observations(calc_sandbox, tokenizer):
     model = Replay(tokenizer, [
-        '<tool_call>\n{"name": "telnet", "arguments": {}}\n</tool_call><|im_end|>',
+        xml_call("telnet") + "<|im_end|>",
         '<tool_call>\n{"name": "file_editor", "arguments": {broken\n</tool_call><|im_end|>',
         'no tool call at all<|im_end|>',
-        '<tool_call>\n{"name": "finish", "arguments": {"command": "submit"}}\n</tool_call><|im_end|>',
+        xml_call("finish", command="submit") + "<|im_end|>",
     ])
     ep = _episode(calc_sandbox, model, tokenizer)
     assert ep.finish_reason == "submitted" and ep.num_turns == 4 and ep.tool_errors == 3
@@ -161,7 +185,7 @@ def test_malformed_and_unknown_calls_become_counted_error_observations(calc_sand
 
 
 def test_max_turns_and_context_limit(calc_sandbox, tokenizer):
-    view = '<tool_call>\n{"name": "file_editor", "arguments": {"command": "view", "path": "/testbed/calc/__init__.py"}}\n</tool_call><|im_end|>'
+    view = xml_call("file_editor", command="view", path="/testbed/calc/__init__.py") + "<|im_end|>"
     ep = _episode(calc_sandbox, Replay(tokenizer, [view] * 10), tokenizer, max_turns=3)
     assert ep.finish_reason == "max_turns" and ep.num_turns == 3
     budget = ep.prompt_length + 400  # room for about one view

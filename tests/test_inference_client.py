@@ -170,7 +170,7 @@ def test_build_command_cpu_and_gpu(tmp_path):
     joined = " ".join(cpu)
     assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     for flag in ["--dtype float32", "--max-model-len 4096", "--served-model-name policy", "--port 9000",
-                 "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser hermes",
+                 "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser qwen3_coder",
                  "--enforce-eager", "--worker-extension-cls rlvr_vllm_ext.RlvrWorkerExtension",
                  "--generation-config vllm"]:
         assert flag in joined, flag

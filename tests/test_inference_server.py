@@ -100,19 +100,20 @@ def test_chat_api_uses_the_same_template(vllm_server, policy):
     assert r["prompt_token_ids"] == T.prompt_ids(tok, MESSAGES, TOOLS)
 
 
-def test_hermes_parser_reads_our_tool_calls(tiny_policy_dir, vllm_python):
-    """vLLM's `hermes` tool parser, given what our template renders for an
-    assistant turn, recovers the calls (run in vLLM's own environment)."""
+def test_qwen3_coder_parser_reads_our_tool_calls(tiny_policy_dir, vllm_python):
+    """vLLM's `qwen3_coder` tool parser (the server's --tool-call-parser), given what our
+    template renders for an assistant turn, recovers the calls (run in vLLM's own environment)."""
     text = T.assistant_text("I will look.", [{"name": "execute_bash", "arguments": {"cmd": "ls -la"}},
                                              {"name": "finish", "arguments": {}}]).removesuffix(T.IM_END)
     script = textwrap.dedent(f"""
         import json, sys
         from transformers import AutoTokenizer
-        from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+        from vllm.tool_parsers import ToolParserManager
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         tok = AutoTokenizer.from_pretrained({str(tiny_policy_dir)!r})
         req = ChatCompletionRequest(model="policy", messages=[{{"role": "user", "content": "x"}}], tools={TOOLS!r})
-        out = Hermes2ProToolParser(tok).extract_tool_calls({text!r}, req)
+        parser = ToolParserManager.get_tool_parser("qwen3_coder")
+        out = parser(tok, req.tools).extract_tool_calls({text!r}, req)
         print(json.dumps({{"content": out.content, "calls": [[c.function.name, json.loads(c.function.arguments)]
                                                             for c in out.tool_calls]}}))
     """)

@@ -46,7 +46,7 @@ def test_special_tokens_are_single_ids(tok):
     assert len(set(ids.values())) == 7
     assert tok.eos_token == T.IM_END and tok.pad_token == T.ENDOFTEXT
     assert len(tok) == 2048
-    # Tool markup survives a decode that skips control tokens (vLLM's hermes parser needs it).
+    # Tool markup survives a decode that skips control tokens (vLLM's qwen3_coder parser needs it).
     text = f"{T.IM_START}assistant\n{T.TOOL_CALL}\n{{}}\n{T.TOOL_CALL_END}{T.IM_END}"
     assert tok.decode(T.encode(tok, text), skip_special_tokens=True) == "assistant\n<tool_call>\n{}\n</tool_call>"
 
@@ -63,21 +63,25 @@ def test_encode_decode_round_trip(tok, text):
     assert tok.decode(T.encode(tok, text), skip_special_tokens=False) == text
 
 
-def test_template_renders_hermes_format(tok):
+def test_template_renders_qwen35_tool_calls(tok):
     text = T.render(tok, CONVERSATION[:4], TOOLS)
     assert text.startswith("<|im_start|>system\nYou fix bugs.\n\n# Tools\n")
     assert "\n<tools>\n" + json.dumps(TOOLS[0]) + "\n" + json.dumps(TOOLS[1]) + "\n</tools>" in text
-    assert ("<|im_start|>assistant\nLet me look.\n<tool_call>\n"
-            '{"name": "execute_bash", "arguments": {"cmd": "cat foo.py"}}\n</tool_call><|im_end|>\n') in text
+    assert ("<|im_start|>assistant\nLet me look.\n<tool_call>\n<function=execute_bash>\n"
+            "<parameter=cmd>\ncat foo.py\n</parameter>\n</function>\n</tool_call><|im_end|>\n") in text
     assert text.endswith("<|im_start|>user\n<tool_response>\ndef f():\n    return 1/0\n\n</tool_response><|im_end|>\n")
     # Without tools: plain ChatML; generation prompt opens the assistant turn.
     plain = T.render(tok, CONVERSATION[:2], add_generation_prompt=True)
     assert plain == ("<|im_start|>system\nYou fix bugs.<|im_end|>\n<|im_start|>user\n"
                      f"{CONVERSATION[1]['content']}<|im_end|>\n<|im_start|>assistant\n")
-    # OpenAI-style string arguments render as given.
+    # OpenAI-style JSON-string arguments render like mappings; strings raw, other values as JSON.
     msg = {"role": "assistant", "content": None, "tool_calls": [
-        {"type": "function", "function": {"name": "finish", "arguments": "{}"}}]}
-    assert T.render(tok, [msg]) == '<|im_start|>assistant\n<tool_call>\n{"name": "finish", "arguments": {}}\n</tool_call><|im_end|>\n'
+        {"type": "function", "function": {"name": "file_editor",
+                                          "arguments": '{"old_str": "x = \\"a\\"", "view_range": [1, 2]}'}}]}
+    assert T.render(tok, [msg]) == ('<|im_start|>assistant\n<tool_call>\n<function=file_editor>\n'
+                                    '<parameter=old_str>\nx = "a"\n</parameter>\n'
+                                    '<parameter=view_range>\n[1, 2]\n</parameter>\n'
+                                    '</function>\n</tool_call><|im_end|>\n')
 
 
 def test_assistant_text_and_observation_segment_match_template(tok):

@@ -80,7 +80,7 @@ def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int)
         "--max-num-seqs", str(cfg.max_num_seqs),
         "--enable-prefix-caching",
         # For chat-API users (the agent itself works token-in/token-out).
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
         # Ignore sampling defaults in a checkpoint's generation_config.json (a real
         # Qwen ships top_k=20 etc.); the client always says what it wants.
         "--generation-config", "vllm",

@@ -1,5 +1,5 @@
 """Tokenizer for the tiny policy: a byte-level BPE trained here (no model hub),
-Qwen-style special tokens and a ChatML chat template with hermes tool calls.
+Qwen-style special tokens and a ChatML chat template with Qwen3.5-style tool calls.
 
 The agent works token-in/token-out: it keeps one token list per episode and
 appends, after each completion, the tokens of an *observation segment*
@@ -36,11 +36,13 @@ TOOL_RESPONSE_END = "</tool_response>"
 # Control tokens: skipped by decode(skip_special_tokens=True).
 CONTROL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 # Tool markup: one id each but not "special" (as in Qwen3), so a decode that
-# skips special tokens still shows them and vLLM's hermes parser can find them.
+# skips special tokens still shows them and vLLM's qwen3_coder parser can find them.
 TOOL_TOKENS = [TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END]
 
-# ChatML with hermes tool calls, the layout of Qwen3's template: tools listed in
-# the system turn; assistant tool calls as <tool_call>\n{json}\n</tool_call>;
+# ChatML with Qwen3.5's tool-call layout: tools listed in the system turn; an
+# assistant tool call as <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n
+# </parameter>\n...</function>\n</tool_call>, string values written raw (no JSON
+# quoting or escaping: the model copies code into old_str exactly as it reads it);
 # consecutive tool results grouped in one user turn, each in <tool_response>.
 # Whitespace control is explicit ({%- only), never `-%}` after <|im_end|>:
 # that would eat the "\n" the prefix property depends on.
@@ -48,12 +50,11 @@ CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'"
-    " 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{{- '# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments'"
-    " ' within <tool_call></tool_call> XML tags:\\n<tool_call>\\n'"
-    " '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{{- '\\n</tools>\\n\\nTo call a function, reply in this format, one <parameter> block per argument'"
+    " ' (values as plain text, never quoted or escaped; a value may span lines):\\n<tool_call>\\n'"
+    " '<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -64,9 +65,13 @@ CHAT_TEMPLATE = (
     "{%- for tc in message.tool_calls or [] %}"
     "{%- set f = tc.function if tc.function is defined else tc %}"
     "{%- if not loop.first or message.content %}{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' }}"
-    "{%- if f.arguments is string %}{{- f.arguments }}{%- else %}{{- f.arguments | tojson }}{%- endif %}"
-    "{{- '}\\n</tool_call>' }}"
+    "{{- '<tool_call>\\n<function=' + f.name + '>\\n' }}"
+    "{%- for key, value in f.arguments.items() %}"
+    "{{- '<parameter=' + key + '>\\n' }}"
+    "{%- if value is string %}{{- value }}{%- else %}{{- value | tojson }}{%- endif %}"
+    "{{- '\\n</parameter>\\n' }}"
+    "{%- endfor %}"
+    "{{- '</function>\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- elif message.role == 'tool' %}"
@@ -167,9 +172,29 @@ def special_token_ids(tokenizer) -> dict[str, int]:
 def render(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None = None,
            add_generation_prompt: bool = False) -> str:
     return tokenizer.apply_chat_template(
-        list(messages), tools=list(tools) if tools else None, tokenize=False,
+        [_arguments_as_mappings(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
+
+
+def _arguments_as_mappings(message: dict) -> dict:
+    """OpenAI-style messages carry tool-call arguments as JSON strings; the template needs mappings."""
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for tc in message["tool_calls"]:
+        f = tc.get("function", tc)
+        if isinstance(f.get("arguments"), str):
+            f = dict(f, arguments=json.loads(f["arguments"] or "{}"))
+        calls.append(dict(tc, function=f) if "function" in tc else f)
+    return dict(message, tool_calls=calls)
+
+
+def tool_call_text(name: str, arguments: dict) -> str:
+    """One tool call as the template writes it (Qwen3.5's XML-style layout)."""
+    params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+                     for k, v in arguments.items())
+    return f"{TOOL_CALL}\n<function={name}>\n{params}</function>\n{TOOL_CALL_END}"
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -205,8 +230,8 @@ def assistant_text(content: str | None, tool_calls: Sequence[dict] = ()) -> str:
     out = content or ""
     for i, tc in enumerate(tool_calls):
         f = tc.get("function", tc)
-        args = f["arguments"] if isinstance(f["arguments"], str) else json.dumps(f["arguments"], ensure_ascii=False)
+        args = json.loads(f["arguments"] or "{}") if isinstance(f["arguments"], str) else f["arguments"]
         if i > 0 or content:
             out += "\n"
-        out += f'{TOOL_CALL}\n{{"name": "{f["name"]}", "arguments": {args}}}\n{TOOL_CALL_END}'
+        out += tool_call_text(f["name"], args)
     return out + IM_END
