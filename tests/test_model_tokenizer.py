@@ -1,4 +1,4 @@
-"""Tokenizer: special tokens, lossless round trips, the ChatML/hermes template,
+"""Tokenizer: special tokens, lossless round trips, the ChatML template with Qwen3.5-style tool calls,
 and the prefix property the token-in/token-out agent relies on."""
 
 import json
