@@ -283,6 +283,10 @@ def test_real_infra_failure_on_the_backend(sandbox_backend, r2e_tasks, sandbox_s
 # -- interruption -----------------------------------------------------------------------------
 _CHILD = textwrap.dedent("""
     import sys
+    import signal
+    # A shell that starts jobs in the background (`cmd &`) hands them SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt: restore it, the test is about what Ctrl-C does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {repo!r})
     from tasks.storage import Store
     from tasks.grading import grade_rollouts

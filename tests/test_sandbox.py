@@ -213,6 +213,10 @@ def test_close_from_another_thread_stops_a_running_command(sandbox_backend, calc
 
 _CHILD = textwrap.dedent("""
     import sys, time
+    import signal
+    # A shell that starts jobs in the background (`cmd &`) hands them SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt: restore it, the test is about what Ctrl-C does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {repo!r})
     from tasks.storage import Store
     from tasks.sandbox import open_sandbox
