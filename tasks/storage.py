@@ -219,7 +219,8 @@ class Store:
         if len(data) != marker["bytes"]:
             raise StorageError(f"stage '{stage}' at {self.uri(key)} has {len(data)} bytes but its commit says "
                                f"{marker['bytes']}: the object was changed outside the store")
-        missing = [c for c in columns or [] if c not in pq.read_schema(pa.BufferReader(data)).names]
+        present = pq.read_schema(pa.BufferReader(data)).names if columns else []
+        missing = [c for c in columns or [] if c not in present]
         if missing:
             raise TableValidationError(f"{stage} @ {key} (on read)", missing[0], None, "column_present",
                                        "column is missing")

@@ -607,7 +607,7 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
     slots = [(s, f) for s, n in (("train", cfg.num_train), ("validation", cfg.num_validation))
              for f, q in _quotas(n, weights).items() for _ in range(q)]
     rng.shuffle(slots)
-    split_rule = getattr(cfg, "split", "bug_site")
+    split_rule = cfg.split
     plan = _plan(rng, cfg.num_validation / (cfg.num_train + cfg.num_validation), split_rule)
     owner: dict = {}  # leakage key -> split
     used = {"train": {}, "validation": {}}  # split -> template key -> function names of its tasks
@@ -637,9 +637,10 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
             # fn/const keys may repeat, but only inside one split.
             if any(k in owner for k in c.keys if k[0] in ("body", "issue")):
                 continue
-            if any(owner.get(k, split) != split for k in c.keys if split_rule == "bug_site" or k[0] != "const"):
+            keys = [k for k in c.keys if split_rule == "bug_site" or k[0] != "const"]
+            if any(owner.get(k, split) != split for k in keys):
                 continue
-            for k in c.keys:
+            for k in keys:
                 owner[k] = split
             used[split].setdefault(tpl.key, set()).add(c.target.name)
             per_template[t] += split == "train"
