@@ -19,6 +19,7 @@ import random
 import tarfile
 import time
 
+import pyarrow as pa
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
@@ -110,35 +111,48 @@ def base_model(cfg: RunConfig, store: Store, tasks_key: str) -> str:
 
 @task(name="demonstrations", cache_policy=NONE)
 def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str) -> str:
-    """Scripted-solver trajectories on the train split, through the real loop, tools and sandboxes."""
-    import asyncio
+    """Scripted-solver trajectories on the train split (and the warm-start pool), through the real
+    loop, tools and sandboxes."""
 
     from transformers import AutoTokenizer
 
     from tasks.agent.scripted import ScriptedSolver
+    from tasks.dataset.build import build_warm_start_pool
     from tasks.dataset.mini import gold_patch
     from tasks.rollout import RolloutSpec, collect
 
-    n = cfg.sft.demonstrations_per_task
-    key = f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-{_digest(model_key, n, cfg.agent.prompt_style, cfg.seed)}.parquet"
+    n, pool_n = cfg.sft.demonstrations_per_task, cfg.sft.pool_tasks
+    key = (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
+           f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.seed, *([pool_n] if pool_n else []))}.parquet")
     if store.is_committed(key):
         return key
     t0 = time.monotonic()
     tasks = load_tasks(store, tasks_key)
     train = [t for t in tasks.values() if t["split"] == "train"]
+    pool_key = build_warm_start_pool(cfg.dataset, pool_n, store, cfg.sandbox)
+    pool = store.read_table(pool_key, stage="tasks").to_pylist() if pool_key else []
+    if pool:
+        log(f"prepare: warm-start pool of {len(pool)} generated tasks at {store.uri(pool_key)} "
+            f"({time.monotonic() - t0:.0f} s)")
     tokenizer = AutoTokenizer.from_pretrained(_local_model(cfg, store, model_key))
-    spec = RolloutSpec(run_id="demonstrations", step=0, split="train", samples_per_task=n, temperature=0.0, top_p=1.0)
 
     def solver(task, sample, sandbox):
         rng = random.Random(f"{cfg.seed}:{task['instance_id']}:{sample}")
         return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng, max_turns=cfg.agent.max_turns)
 
+    tables = []
     loop = EventLoopThread()
     try:
-        table = loop.call(collect(train, spec, None, tokenizer, cfg, store, policy_factory=solver,
-                                  concurrency=max(2, cfg.sandbox.concurrency * 2)))
+        for rows, samples in ((train, n), (pool, 1)):
+            if not rows:
+                continue
+            spec = RolloutSpec(run_id="demonstrations", step=0, split="train", samples_per_task=samples,
+                               temperature=0.0, top_p=1.0)
+            tables.append(loop.call(collect(rows, spec, None, tokenizer, cfg, store, policy_factory=solver,
+                                            concurrency=max(2, cfg.sandbox.concurrency * 2))))
     finally:
         loop.close()
+    table = pa.concat_tables(tables)
     bad = [r for r in table.to_pylist() if r["finish_reason"] != "submitted"]
     if bad:
         raise RuntimeError(f"{len(bad)} demonstrations did not submit, e.g. {bad[0]['rollout_id']}: "

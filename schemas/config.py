@@ -197,6 +197,10 @@ class SFTConfig(_Strict):
     max_steps: int | None = None
     batch_size: int = Field(32, ge=1)
     demonstrations_per_task: int = Field(2, ge=1)
+    # Mini benchmark: demonstrations on up to this many extra generated training-distribution tasks
+    # (one each), none of which is a benchmark task or shares a validation task's keys
+    # (tasks/dataset/mini.py: generate_pool). 0 = the benchmark's training tasks only.
+    pool_tasks: int = Field(0, ge=0)
 
 
 class EvalConfig(_Strict):

@@ -69,6 +69,26 @@ def test_no_validation_instance_leaks_into_training(full):
     assert len({r["problem_statement"] for r in _rows(full)}) == 951
 
 
+def test_warm_start_pool_never_shares_a_validation_key_or_repeats_a_benchmark_task(full):
+    pool = mini.generate_pool(DatasetConfig(), 400, _rows(full))
+    assert len(pool) >= 380 and {t.row["split"] for t in pool} == {"train"}
+    assert {t.row["bug_family"] for t in pool} == set(FAMILIES)
+    val_keys = collections.defaultdict(set)
+    for r in _rows(full, "validation"):
+        for kind, key in mini.leakage_keys(r).items():
+            val_keys[kind].add(key)
+    for r in _rows(pool):
+        for kind, key in mini.leakage_keys(r).items():
+            assert key not in val_keys[kind], f"pool task {r['instance_id']} shares its {kind} key with validation"
+    bodies = [mini.leakage_keys(r)["body"] for r in _rows(full) + _rows(pool)]
+    assert len(set(bodies)) == len(bodies)
+    ids = [r["instance_id"] for r in _rows(full) + _rows(pool)]
+    assert len(set(ids)) == len(ids)
+    assert [t.archive for t in mini.generate_pool(DatasetConfig(), 400, _rows(full))] == [t.archive for t in pool]
+    with pytest.raises(ValueError, match="split='instance'"):
+        mini.generate_pool(DatasetConfig(split="bug_site"), 10, _rows(full))
+
+
 def test_instance_split_shares_bug_sites_and_site_split_does_not(full):
     site = lambda r: (lambda m: (m["template"], m["bug_site"]))(json.loads(r["parsed_commit_content"])["metadata"])
     const = lambda r: mini.leakage_keys(dict(r, parsed_commit_content=json.dumps(

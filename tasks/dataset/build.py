@@ -120,6 +120,37 @@ def build_mini_benchmark(cfg, store, sandbox_cfg=None, verify: bool = True, veri
     return key
 
 
+def pool_key(dataset_id: str, n: int) -> str:
+    return f"datasets/{dataset_id}/warm-start-pool-{n}.parquet"
+
+
+def build_warm_start_pool(cfg, n: int, store, sandbox_cfg=None) -> str | None:
+    """Up to `n` extra training-distribution tasks for the warm start (mini.generate_pool), stored
+    like the benchmark's (table + archives); None when n is 0. Never read by RL or evaluation.
+
+    Not verified in sandboxes: the pool only feeds the scripted solver, whose demonstrations
+    must submit (the demonstrations stage checks that), and the generator itself checks that
+    each bug fails a hidden test and the fix passes it (`_candidate`).
+    """
+    if n <= 0:
+        return None
+    if cfg.source != "mini":
+        raise ValueError("a warm-start pool is generated for the mini benchmark only (dataset.source='mini')")
+    image = (sandbox_cfg.image if sandbox_cfg is not None else mini.DEFAULT_IMAGE)
+    did = mini_dataset_id(cfg, image)
+    key = pool_key(did, n)
+    if store.is_committed(key):
+        return key
+    benchmark = store.read_table(tasks_key(did), stage="tasks").to_pylist()
+    t0 = time.monotonic()
+    tasks = mini.generate_pool(cfg, n, benchmark, docker_image=image)
+    rows = [dict(t.row, environment_uri=store.put_bytes(f"environments/{did}/pool/{t.row['instance_id']}.tar.gz",
+                                                          t.archive)) for t in tasks]
+    store.write_table(key, TASKS.validate(TASKS.from_rows(rows)), stage="tasks")
+    log.info("warm-start pool for %s: %d of %d tasks in %.1f s", did, len(rows), n, time.monotonic() - t0)
+    return key
+
+
 # ----------------------------------------------------------------------------- verification
 def _precheck(row: dict) -> tuple[str | None, str | None]:
     """(gold patch, None) or (None, reason): what can be wrong before any sandbox starts."""

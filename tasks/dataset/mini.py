@@ -607,13 +607,52 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
     slots = [(s, f) for s, n in (("train", cfg.num_train), ("validation", cfg.num_validation))
              for f, q in _quotas(n, weights).items() for _ in range(q)]
     rng.shuffle(slots)
+    plan = _plan(rng, cfg.num_validation / (cfg.num_train + cfg.num_validation), cfg.split)
+    tasks = _fill(slots, plan, rng, cfg, docker_image, {}, max_attempts_per_task)
+    # Train first, then validation; generation order inside a split (it is already random).
+    tasks.sort(key=lambda t: t.row["split"] != "train")
+    return tasks
+
+
+def generate_pool(cfg, n: int, benchmark_rows: list[dict], docker_image: str = DEFAULT_IMAGE,
+                  max_attempts_per_task: int = 400) -> list[MiniTask]:
+    """`n` more training-distribution tasks for the warm start (SFT), none of them in the benchmark.
+
+    The benchmark's 700 training tasks are what RL trains on; a tiny model that imitates only
+    their demonstrations memorises them (measured: it writes a training function's line as
+    `old_str` in 246 of 256 failed validation edits). The pool gives the warm start more
+    instances of the same families and sites, so copying from the file pays and recalling does
+    not. Every pool task obeys the split rule against the benchmark's validation tasks (no
+    shared function name + family, buggy function or issue), and duplicates no benchmark task.
+    """
+    if cfg.split != "instance":
+        raise ValueError("a warm-start pool needs dataset.split='instance' (under 'bug_site' the "
+                         "pool would draw from the training sites only; use pool size 0)")
+    rng = random.Random(f"{GENERATOR_VERSION}:{cfg.seed}:pool")
+    owner: dict = {}
+    for row in benchmark_rows:
+        meta = json.loads(row["parsed_commit_content"])["metadata"]
+        for key in (("fn", row["repo_name"], meta["function"], row["bug_family"]),
+                    ("body", meta["buggy_function"]), ("issue", row["problem_statement"])):
+            # a benchmark training task's fn key stays open to the pool; body/issue never repeat
+            owner[key] = "train" if key[0] == "fn" and row["split"] == "train" else "validation"
+    slots = [("train", f) for f, q in _quotas(n, family_weights(cfg.difficulty)).items() for _ in range(q)]
+    rng.shuffle(slots)
+    plan = _plan(rng, 0.0, cfg.split)
+    # A family whose sites run out of new instances yields fewer tasks than its quota.
+    return _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, strict=False)
+
+
+def _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, strict=True) -> list[MiniTask]:
+    """One task per (split, family) slot, in order; `owner` maps leakage key -> split (updated)."""
     split_rule = cfg.split
-    plan = _plan(rng, cfg.num_validation / (cfg.num_train + cfg.num_validation), split_rule)
-    owner: dict = {}  # leakage key -> split
     used = {"train": {}, "validation": {}}  # split -> template key -> function names of its tasks
     per_template = [0] * len(TEMPLATES)  # training tasks so far
     tasks: list[MiniTask] = []
+    exhausted: set[str] = set()
     for split, family in slots:
+        if family in exhausted:
+            continue
         sites = list(plan[(split, family)].items())
         # Training spreads over the functions (few tasks of a function -> many of another would leave
         # validation tasks of the first with little to learn from).
@@ -647,9 +686,10 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
             tasks.append(_assemble(c, rng, cfg.difficulty, docker_image, split, split_rule))
             break
         else:
+            if not strict:
+                exhausted.add(family)
+                continue
             raise GenerationError(f"could not place a new '{family}' task in split '{split}' after "
                                   f"{max_attempts_per_task} attempts: too few distinct bug sites for "
                                   f"{cfg.num_train}+{cfg.num_validation} tasks")
-    # Train first, then validation; generation order inside a split (it is already random).
-    tasks.sort(key=lambda t: t.row["split"] != "train")
     return tasks
