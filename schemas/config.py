@@ -201,6 +201,10 @@ class SFTConfig(_Strict):
     # (one each), none of which is a benchmark task or shares a validation task's keys
     # (tasks/dataset/mini.py: generate_pool). 0 = the benchmark's training tasks only.
     pool_tasks: int = Field(0, ge=0)
+    # Loss weight of the tokens the policy did not generate (system prompt, issue, tool outputs):
+    # 0 = completion-only SFT. A randomly initialised model learns to copy from its context
+    # (old_str from the viewed file) only from language modelling that context.
+    context_loss_weight: float = Field(0.0, ge=0.0, le=1.0)
 
 
 class EvalConfig(_Strict):

@@ -198,6 +198,19 @@ def test_sft_learns_demonstrations(tmp_path):
     assert json.loads((tmp_path / "sft" / "rlvr_version.json").read_text())["mode"] == "sft"
 
 
+def test_sft_context_loss_weight_also_learns_the_prompt(tmp_path):
+    src = make_policy_dir(tmp_path / "base")
+    demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 3+3=", "6"), ("Q: 4+4=", "8")], group="demo")
+    prompt_lp = {}
+    for w in (0.0, 1.0):
+        cfg = run_config()
+        cfg.sft.context_loss_weight = w
+        sft_train(src, demos, cfg, tmp_path / f"w{w}", max_steps=25)
+        prompt_lp[w] = completion_logprob(load_policy(tmp_path / f"w{w}"), "Q: 3", "+3=")
+    # Completion-only SFT leaves the prompt's own text unlearned; weight 1 learns it too.
+    assert prompt_lp[1.0] > prompt_lp[0.0] + 3
+
+
 def test_nan_gradient_aborts_naming_the_micro_batch(tmp_path, monkeypatch):
     from tasks.policy import trainer
 

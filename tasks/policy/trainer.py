@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -668,6 +669,9 @@ def sft_train(
     samples = [s for s in samples if s.token_mask.sum() > 0]
     if not samples:
         raise BadBatchError("no demonstration has loss_mask tokens to learn from")
+    w = cfg.sft.context_loss_weight
+    if w > 0:  # the prompt and tool outputs count too, at weight w (a tiny model has no pretraining)
+        samples = [dataclasses.replace(s, token_mask=s.token_mask + w * (1 - s.token_mask)) for s in samples]
     rt = init_runtime(precision)
     torch.manual_seed(cfg.seed)
     model, params = build_policy(model_dir, rt, cfg.optimizer.freeze_router)
