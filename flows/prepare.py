@@ -2,11 +2,13 @@
 
     dataset          tasks table (+ environment archives), verified in sandboxes
     base model       tokenizer trained on train-split text + a tiny Qwen-family model (random init)
-    demonstrations   scripted-solver episodes on train tasks, through the real agent loop and sandboxes
+    demonstrations   scripted-solver episodes on train tasks (and on the warm-start pool of extra
+                     generated tasks, sft.pool_tasks), through the real agent loop and sandboxes
     warm start       supervised fine-tuning on the demonstrations -> the base checkpoint
 
 Every piece is keyed by a hash of what it depends on, so a second `make run`
-skips it; nothing here ever reads validation tasks except the dataset build.
+skips it; nothing here ever reads validation tasks except the dataset build and the
+warm-start pool, which reads their leakage keys only to keep every pool task unlike them.
 """
 
 from __future__ import annotations
@@ -153,7 +155,9 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     finally:
         loop.close()
     table = pa.concat_tables(tables)
-    bad = [r for r in table.to_pylist() if r["finish_reason"] != "submitted"]
+    # Only the few columns the check needs: the table holds every demonstration's token ids.
+    check = table.select(["rollout_id", "finish_reason", "error"]).to_pylist()
+    bad = [r for r in check if r["finish_reason"] != "submitted"]
     if bad:
         raise RuntimeError(f"{len(bad)} demonstrations did not submit, e.g. {bad[0]['rollout_id']}: "
                            f"{bad[0]['finish_reason']} {bad[0]['error']}")
