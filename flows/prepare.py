@@ -123,15 +123,17 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     from tasks.dataset.mini import gold_patch
     from tasks.rollout import RolloutSpec, collect
 
-    n, pool_n = cfg.sft.demonstrations_per_task, cfg.sft.pool_tasks
+    n, pool_n, foreign = cfg.sft.demonstrations_per_task, cfg.sft.pool_tasks, cfg.sft.pool_foreign_names
+    # Settings added later join the digest only when set, so older stores keep their keys.
+    extra = ([pool_n] if pool_n else []) + ([foreign] if pool_n and foreign else [])
     key = (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
-           f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.seed, *([pool_n] if pool_n else []))}.parquet")
+           f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.seed, *extra)}.parquet")
     if store.is_committed(key):
         return key
     t0 = time.monotonic()
     tasks = load_tasks(store, tasks_key)
     train = [t for t in tasks.values() if t["split"] == "train"]
-    pool_key = build_warm_start_pool(cfg.dataset, pool_n, store, cfg.sandbox)
+    pool_key = build_warm_start_pool(cfg.dataset, pool_n, store, cfg.sandbox, foreign)
     pool = store.read_table(pool_key, stage="tasks").to_pylist() if pool_key else []
     if pool:
         log(f"prepare: warm-start pool of {len(pool)} generated tasks at {store.uri(pool_key)} "

@@ -201,6 +201,10 @@ class SFTConfig(_Strict):
     # (one each), none of which is a benchmark task or shares a validation task's keys
     # (tasks/dataset/mini.py: generate_pool). 0 = the benchmark's training tasks only.
     pool_tasks: int = Field(0, ge=0)
+    # Chance that each argument/local name of a pool task's function is drawn from the whole shared
+    # vocabulary instead of that function's own few names: recalling names from memory is then
+    # wrong, and only copying them from the viewed file is right. 0 = the benchmark's own draws.
+    pool_foreign_names: float = Field(0.0, ge=0.0, le=1.0)
     # Loss weight of the tokens the policy did not generate (system prompt, issue, tool outputs):
     # 0 = completion-only SFT. A randomly initialised model learns to copy from its context
     # (old_str from the viewed file) only from language modelling that context.

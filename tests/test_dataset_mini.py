@@ -1,5 +1,6 @@
 """The mini benchmark generator: determinism, split by instance, families, issue text, code shape."""
 
+import ast
 import collections
 import io
 import json
@@ -87,6 +88,25 @@ def test_warm_start_pool_never_shares_a_validation_key_or_repeats_a_benchmark_ta
     assert [t.archive for t in mini.generate_pool(DatasetConfig(), 400, _rows(full))] == [t.archive for t in pool]
     with pytest.raises(ValueError, match="split='instance'"):
         mini.generate_pool(DatasetConfig(split="bug_site"), 10, _rows(full))
+
+
+def test_foreign_names_give_pool_functions_names_of_other_functions(full):
+    by_key = {t.key: t for t in TEMPLATES}
+    pool = mini.generate_pool(DatasetConfig(), 200, _rows(full), foreign_names=1.0)
+    assert len(pool) >= 190
+    foreign = 0
+    for r in _rows(pool):
+        meta = json.loads(r["parsed_commit_content"])["metadata"]
+        tpl = by_key[meta["template"]]
+        own = {n for names in tpl.names.values() for n in names}
+        fn = ast.parse(meta["buggy_function"]).body[0]  # it also parses: the bug still compiles
+        names = {a.arg for a in fn.args.args} | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+        foreign += bool(tpl.names) and not (own & names)
+    # every named slot drew from the whole vocabulary; the generator still checked each bug
+    # fails a hidden test and its fix passes (else the task would not exist)
+    assert foreign / len(pool) > 0.8
+    assert mini.leakage_keys(_rows(pool)[0])["body"] not in {
+        mini.leakage_keys(r)["body"] for r in _rows(mini.generate_pool(DatasetConfig(), 20, _rows(full)))}
 
 
 def test_instance_split_shares_bug_sites_and_site_split_does_not(full):

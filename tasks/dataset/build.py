@@ -120,11 +120,11 @@ def build_mini_benchmark(cfg, store, sandbox_cfg=None, verify: bool = True, veri
     return key
 
 
-def pool_key(dataset_id: str, n: int) -> str:
-    return f"datasets/{dataset_id}/warm-start-pool-{n}.parquet"
+def pool_key(dataset_id: str, n: int, foreign_names: float = 0.0) -> str:
+    return f"datasets/{dataset_id}/warm-start-pool-{n}{f'-foreign{foreign_names:g}' if foreign_names else ''}.parquet"
 
 
-def build_warm_start_pool(cfg, n: int, store, sandbox_cfg=None) -> str | None:
+def build_warm_start_pool(cfg, n: int, store, sandbox_cfg=None, foreign_names: float = 0.0) -> str | None:
     """Up to `n` extra training-distribution tasks for the warm start (mini.generate_pool), stored
     like the benchmark's (table + archives); None when n is 0. Never read by RL or evaluation.
 
@@ -138,12 +138,12 @@ def build_warm_start_pool(cfg, n: int, store, sandbox_cfg=None) -> str | None:
         raise ValueError("a warm-start pool is generated for the mini benchmark only (dataset.source='mini')")
     image = (sandbox_cfg.image if sandbox_cfg is not None else mini.DEFAULT_IMAGE)
     did = mini_dataset_id(cfg, image)
-    key = pool_key(did, n)
+    key = pool_key(did, n, foreign_names)
     if store.is_committed(key):
         return key
     benchmark = store.read_table(tasks_key(did), stage="tasks").to_pylist()
     t0 = time.monotonic()
-    tasks = mini.generate_pool(cfg, n, benchmark, docker_image=image)
+    tasks = mini.generate_pool(cfg, n, benchmark, docker_image=image, foreign_names=foreign_names)
     rows = [dict(t.row, environment_uri=store.put_bytes(f"environments/{did}/pool/{t.row['instance_id']}.tar.gz",
                                                           t.archive)) for t in tasks]
     store.write_table(key, TASKS.validate(TASKS.from_rows(rows)), stage="tasks")

@@ -45,11 +45,14 @@ family rather than whole families.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import difflib
 import itertools
 import json
+import keyword
 import random
+import re
 import string
 import traceback
 from dataclasses import dataclass
@@ -90,8 +93,22 @@ class Rendered:
         return self.tpl.imports
 
 
+_FOREIGN: dict[str, tuple[str, ...]] = {}
+
+
+def _foreign_names(tpl: Template) -> tuple[str, ...]:
+    """Every argument/local name of the shared vocabulary (all templates' pools) that `tpl` can
+    take without clashing with a word its source, imports or Python already use."""
+    if tpl.key in _FOREIGN:
+        return _FOREIGN[tpl.key]
+    used = set(re.findall(r"[A-Za-z_]\w*", re.sub(r"\$\w+", " ", tpl.src) + " ".join(tpl.imports)))
+    used |= set(keyword.kwlist) | set(dir(builtins)) | set(tpl.fn)
+    _FOREIGN[tpl.key] = tuple(sorted({n for t in TEMPLATES for pool in t.names.values() for n in pool} - used))
+    return _FOREIGN[tpl.key]
+
+
 def _render(tpl: Template, rng: random.Random, taken: set[str], prefer: set[str] = frozenset(),
-            consts: dict | None = None) -> Rendered | None:
+            consts: dict | None = None, foreign_names: float = 0.0) -> Rendered | None:
     names = [n for n in tpl.fn if n not in taken]
     if set(names) & prefer:
         names = [n for n in names if n in prefer]
@@ -99,7 +116,9 @@ def _render(tpl: Template, rng: random.Random, taken: set[str], prefer: set[str]
         return None
     mapping = {"fn": rng.choice(names)}
     for slot, pool in tpl.names.items():
-        mapping[slot] = rng.choice(pool)
+        # rng.random() only when asked: the benchmark's own draws must not change.
+        foreign = foreign_names > 0 and rng.random() < foreign_names
+        mapping[slot] = rng.choice(_foreign_names(tpl) if foreign else pool)
     chosen = list(mapping.values())
     if len(set(chosen)) != len(chosen):  # two slots drew the same name
         return None
@@ -361,8 +380,9 @@ def _changed(a: str, b: str) -> list[str]:
 
 
 def _candidate(tpl: Template, bug_index: int, rng: random.Random, level: int,
-               prefer: set[str] = frozenset(), consts: dict | None = None) -> _Candidate | None:
-    r = _render(tpl, rng, set(), prefer, consts)
+               prefer: set[str] = frozenset(), consts: dict | None = None,
+               foreign_names: float = 0.0) -> _Candidate | None:
+    r = _render(tpl, rng, set(), prefer, consts, foreign_names)
     if r is None:
         return None
     bug = tpl.bugs[bug_index]
@@ -615,20 +635,23 @@ def generate(cfg, docker_image: str = DEFAULT_IMAGE, max_attempts_per_task: int 
 
 
 def generate_pool(cfg, n: int, benchmark_rows: list[dict], docker_image: str = DEFAULT_IMAGE,
-                  max_attempts_per_task: int = 400) -> list[MiniTask]:
+                  max_attempts_per_task: int = 400, foreign_names: float = 0.0) -> list[MiniTask]:
     """`n` more training-distribution tasks for the warm start (SFT), none of them in the benchmark.
 
     The benchmark's 700 training tasks are what RL trains on; a tiny model that imitates only
     their demonstrations memorises them (measured: it writes a training function's line as
     `old_str` in 246 of 256 failed validation edits). The pool gives the warm start more
     instances of the same families and sites, so copying from the file pays and recalling does
-    not. Every pool task obeys the split rule against the benchmark's validation tasks (no
+    not. With `foreign_names` > 0, each argument/local name of a pool task's function is, with
+    that probability, any name of the shared vocabulary instead of one of the function's own
+    few: a model that recalls which names go with which function is then wrong, and only
+    copying from the viewed file is right. Every pool task obeys the split rule against the benchmark's validation tasks (no
     shared function name + family, buggy function or issue), and duplicates no benchmark task.
     """
     if cfg.split != "instance":
         raise ValueError("a warm-start pool needs dataset.split='instance' (under 'bug_site' the "
                          "pool would draw from the training sites only; use pool size 0)")
-    rng = random.Random(f"{GENERATOR_VERSION}:{cfg.seed}:pool")
+    rng = random.Random(f"{GENERATOR_VERSION}:{cfg.seed}:pool" + (f":{foreign_names}" if foreign_names else ""))
     owner: dict = {}
     for row in benchmark_rows:
         meta = json.loads(row["parsed_commit_content"])["metadata"]
@@ -640,10 +663,12 @@ def generate_pool(cfg, n: int, benchmark_rows: list[dict], docker_image: str = D
     rng.shuffle(slots)
     plan = _plan(rng, 0.0, cfg.split)
     # A family whose sites run out of new instances yields fewer tasks than its quota.
-    return _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, strict=False)
+    return _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, strict=False,
+                 foreign_names=foreign_names)
 
 
-def _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, strict=True) -> list[MiniTask]:
+def _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, strict=True,
+          foreign_names: float = 0.0) -> list[MiniTask]:
     """One task per (split, family) slot, in order; `owner` maps leakage key -> split (updated)."""
     split_rule = cfg.split
     used = {"train": {}, "validation": {}}  # split -> template key -> function names of its tasks
@@ -669,7 +694,8 @@ def _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, str
                 prefer = seen_train
             else:
                 prefer = used["validation"].get(tpl.key, set()) - seen_train
-            c = _candidate(tpl, bug_index, rng, _level(rng, cfg.difficulty), prefer, rng.choice(combos))
+            c = _candidate(tpl, bug_index, rng, _level(rng, cfg.difficulty), prefer, rng.choice(combos),
+                           foreign_names)
             if c is None:
                 continue
             # body/issue keys must be new everywhere (no duplicate instances);
