@@ -209,6 +209,9 @@ class SFTConfig(_Strict):
     # 0 = completion-only SFT. A randomly initialised model learns to copy from its context
     # (old_str from the viewed file) only from language modelling that context.
     context_loss_weight: float = Field(0.0, ge=0.0, le=1.0)
+    # Learning rate from lr down to 0 along a half cosine over the run (whichever of max_steps or
+    # minutes ends it first); False = constant lr.
+    cosine_decay: bool = False
 
 
 class EvalConfig(_Strict):

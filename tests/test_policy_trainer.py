@@ -211,6 +211,17 @@ def test_sft_context_loss_weight_also_learns_the_prompt(tmp_path):
     assert prompt_lp[1.0] > prompt_lp[0.0] + 3
 
 
+def test_sft_cosine_decay_follows_whichever_limit_ends_the_run_first():
+    from tasks.policy.trainer import sft_lr
+
+    assert sft_lr(1e-3, False, 900, 960, 2000.0, 40.0) == 1e-3
+    assert sft_lr(1e-3, True, 0, 960, 0.0, 40.0) == pytest.approx(1e-3)
+    assert sft_lr(1e-3, True, 480, 960, 0.0, 40.0) == pytest.approx(5e-4)
+    assert sft_lr(1e-3, True, 100, 960, 20 * 60.0, 40.0) == pytest.approx(5e-4)  # half the minutes
+    assert sft_lr(1e-3, True, 960, 960, 0.0, 40.0) == pytest.approx(0.0, abs=1e-12)
+    assert sft_lr(1e-3, True, 10, None, 50 * 60.0, 40.0) == pytest.approx(0.0, abs=1e-12)  # past the deadline
+
+
 def test_nan_gradient_aborts_naming_the_micro_batch(tmp_path, monkeypatch):
     from tasks.policy import trainer
 

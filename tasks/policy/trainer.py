@@ -423,6 +423,15 @@ def _adamw(params, cfg: RunConfig, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
 
 
+def sft_lr(base: float, cosine: bool, step: int, max_steps: int | None, elapsed_s: float, minutes: float) -> float:
+    """The SFT learning rate before `step` (0-based): `base`, or with `cosine` a half cosine to 0 over
+    the run's progress, the larger of the step and the time fractions (a run ends on either)."""
+    if not cosine:
+        return base
+    done = max(step / max_steps if max_steps else 0.0, elapsed_s / (minutes * 60))
+    return base * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+
+
 def _vocab_size(model_dir) -> int | None:
     from transformers import AutoConfig
 
@@ -660,7 +669,8 @@ def sft_train(
 ) -> dict:
     """Supervised warm start: cross-entropy on the loss_mask tokens of demonstration trajectories.
 
-    cfg.sft.batch_size sequences per AdamW step at cfg.sft.lr, token-mean loss per step;
+    cfg.sft.batch_size sequences per AdamW step at cfg.sft.lr (to 0 along a cosine with
+    cfg.sft.cosine_decay), token-mean loss per step;
     stops after max_steps (argument, else cfg.sft.max_steps) or cfg.sft.minutes, whichever
     comes first. Grad clip: cfg.optimizer.grad_clip, else 1.0.
     """
@@ -694,6 +704,9 @@ def sft_train(
             epoch = list(range(len(samples)))
             rng.shuffle(epoch)
             order += epoch
+        for group in optimizer.param_groups:
+            group["lr"] = sft_lr(cfg.sft.lr, cfg.sft.cosine_decay, step, limit,
+                                 time.perf_counter() - t_loaded, cfg.sft.minutes)
         batch = [samples[i] for i in order[:cfg.sft.batch_size]]
         order = order[cfg.sft.batch_size:]
         plan = plan_micro_batches([len(s.tokens) for s in batch], rt.world, cfg.optimizer.micro_batch_tokens)
