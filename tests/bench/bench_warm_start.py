@@ -8,8 +8,10 @@ writes it). Reported per checkpoint: mean NLL and argmax accuracy of the first `
 token (which line), of the rest of `old_str` (copying it) and of `new_str` (the fix).
 A model that copies has near-zero NLL on the rest of `old_str`. Evaluation only: nothing
 here trains, and validation tasks are read exactly as `flows.evaluate` reads them.
+Also: old_str[1:] NLL by quarter of the prefix length (how far back the file is), and with
+--show N the first N targets' old_str with each wrong token as [wanted->argmax].
 
-    .venv/bin/python tests/bench/bench_warm_start.py EVAL_RUN_ID CHECKPOINT_DIR [CHECKPOINT_DIR ...]
+    .venv/bin/python tests/bench/bench_warm_start.py EVAL_RUN_ID CHECKPOINT_DIR [...] [--show N]
 """
 
 import json
@@ -48,11 +50,13 @@ def episodes(store, run_id: str, tasks: dict) -> list[tuple[list[int], str, str,
     return out
 
 
-def copy_metrics(ckpt: str, eps) -> dict:
+def copy_metrics(ckpt: str, eps, show: int = 0) -> dict:
     tok = AutoTokenizer.from_pretrained(ckpt)
     model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     nll = {"old_first": [], "old_rest": [], "new": []}
     hit = {k: [] for k in nll}
+    by_length = []  # (prefix tokens, mean old_str[1:] NLL) per episode
+    shown = []
     for prefix, path, old, new in eps:
         text = assistant_text(None, [{"name": "file_editor", "arguments": {
             "command": "str_replace", "path": path, "old_str": old, "new_str": new}}])
@@ -65,21 +69,39 @@ def copy_metrics(ckpt: str, eps) -> dict:
         target = torch.tensor(enc["input_ids"])
         tok_nll = -logp[torch.arange(len(target)), target]
         tok_hit = logp.argmax(-1) == target
-        first = True
+        first, rest, marked = True, [], []
         for j, (a, _b) in enumerate(enc["offset_mapping"]):
             if o0 <= a < o0 + len(old):
                 kind, first = ("old_first" if first else "old_rest"), False
+                want = tok.decode([target[j]])
+                marked.append(want if tok_hit[j] else f"[{want}->{tok.decode([logp[j].argmax()])}]")
             elif n0 <= a < n0 + len(new):
                 kind = "new"
             else:
                 continue
             nll[kind].append(tok_nll[j].item())
             hit[kind].append(float(tok_hit[j]))
+            if kind == "old_rest":
+                rest.append(tok_nll[j].item())
+        if rest:
+            by_length.append((len(prefix), sum(rest) / len(rest)))
+        if len(shown) < show:
+            shown.append("".join(marked))
     mean = lambda v: round(sum(v) / max(len(v), 1), 3)
-    return {k: {"nll": mean(nll[k]), "accuracy": mean(hit[k]), "tokens": len(nll[k])} for k in nll}
+    out = {k: {"nll": mean(nll[k]), "accuracy": mean(hit[k]), "tokens": len(nll[k])} for k in nll}
+    by_length.sort()
+    q = max(len(by_length) // 4, 1)
+    out["old_rest_by_length"] = [(part[0][0], part[-1][0], mean([n for _, n in part]))
+                                 for part in (by_length[i * q:(i + 1) * q if i < 3 else None] for i in range(4)) if part]
+    out["shown"] = shown
+    return out
 
 
 def main(argv: list[str]) -> None:
+    show = 0
+    if "--show" in argv:
+        i = argv.index("--show")
+        show, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
     run_id, ckpts = argv[0], argv[1:]
     cfg = load_config("mini")
     store = Store.from_config(cfg.storage)
@@ -89,9 +111,13 @@ def main(argv: list[str]) -> None:
     print(f"{len(eps)} validation episodes from {run_id}")
     print(f"{'checkpoint':40} {'old_str[0] nll/acc':>20} {'old_str[1:] nll/acc':>20} {'new_str nll/acc':>18}")
     for ckpt in ckpts:
-        m = copy_metrics(ckpt, eps)
+        m = copy_metrics(ckpt, eps, show)
         cols = [f"{m[k]['nll']:.2f} / {m[k]['accuracy']:.2f}" for k in ("old_first", "old_rest", "new")]
         print(f"{ckpt[-40:]:40} {cols[0]:>20} {cols[1]:>20} {cols[2]:>18}", flush=True)
+        print("    old_str[1:] nll by prefix length: " +
+              ", ".join(f"{lo}-{hi} tokens {n:.2f}" for lo, hi, n in m["old_rest_by_length"]))
+        for line in m["shown"]:
+            print(f"    {line!r}")
 
 
 if __name__ == "__main__":
