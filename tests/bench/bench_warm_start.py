@@ -8,7 +8,8 @@ writes it). Reported per checkpoint: mean NLL and argmax accuracy of the first `
 token (which line), of the rest of `old_str` (copying it) and of `new_str` (the fix).
 A model that copies has near-zero NLL on the rest of `old_str`. Evaluation only: nothing
 here trains, and validation tasks are read exactly as `flows.evaluate` reads them.
-Also: old_str[1:] NLL by quarter of the prefix length (how far back the file is), and with
+Also: old_str[1:] NLL by quarter of the distance back to the first assistant turn (the view call and the
+file it shows), and with
 --show N the first N targets' old_str with each wrong token as [wanted->argmax].
 
     .venv/bin/python tests/bench/bench_warm_start.py EVAL_RUN_ID CHECKPOINT_DIR [...] [--show N]
@@ -30,8 +31,8 @@ from tasks.policy.tokenizer import assistant_text  # noqa: E402
 from tasks.storage import Store  # noqa: E402
 
 
-def episodes(store, run_id: str, tasks: dict) -> list[tuple[list[int], str, str, str]]:
-    """(prefix ids, path, old_str, new_str) per validation task of the run."""
+def episodes(store, run_id: str, tasks: dict) -> list[tuple[list[int], int, str, str, str]]:
+    """(prefix ids, where the first assistant turn starts, path, old_str, new_str) per validation task."""
     key = f"runs/{run_id}/step-00000/eval_trajectories.parquet"
     rows = store.read_table(key, stage="eval_trajectories").to_pylist()
     out = []
@@ -46,7 +47,7 @@ def episodes(store, run_id: str, tasks: dict) -> list[tuple[list[int], str, str,
         old_file = json.loads(t["parsed_commit_content"])["file_diffs"][0]["old_file_content"]
         hunk = parse_unified_diff(gold_patch(t))[0]
         old, new = unique_edit(old_file, hunk)
-        out.append((r["token_ids"][: starts[1]], f"/testbed/{hunk.path}", old, new))
+        out.append((r["token_ids"][: starts[1]], starts[0], f"/testbed/{hunk.path}", old, new))
     return out
 
 
@@ -55,9 +56,9 @@ def copy_metrics(ckpt: str, eps, show: int = 0) -> dict:
     model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     nll = {"old_first": [], "old_rest": [], "new": []}
     hit = {k: [] for k in nll}
-    by_length = []  # (prefix tokens, mean old_str[1:] NLL) per episode
+    by_length = []  # (tokens since the first assistant turn: the view, mean old_str[1:] NLL) per episode
     shown = []
-    for prefix, path, old, new in eps:
+    for prefix, first_turn, path, old, new in eps:
         text = assistant_text(None, [{"name": "file_editor", "arguments": {
             "command": "str_replace", "path": path, "old_str": old, "new_str": new}}])
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -84,7 +85,7 @@ def copy_metrics(ckpt: str, eps, show: int = 0) -> dict:
             if kind == "old_rest":
                 rest.append(tok_nll[j].item())
         if rest:
-            by_length.append((len(prefix), sum(rest) / len(rest)))
+            by_length.append((len(prefix) - first_turn, sum(rest) / len(rest)))
         if len(shown) < show:
             shown.append("".join(marked))
     mean = lambda v: round(sum(v) / max(len(v), 1), 3)
@@ -114,7 +115,7 @@ def main(argv: list[str]) -> None:
         m = copy_metrics(ckpt, eps, show)
         cols = [f"{m[k]['nll']:.2f} / {m[k]['accuracy']:.2f}" for k in ("old_first", "old_rest", "new")]
         print(f"{ckpt[-40:]:40} {cols[0]:>20} {cols[1]:>20} {cols[2]:>18}", flush=True)
-        print("    old_str[1:] nll by prefix length: " +
+        print("    old_str[1:] nll by tokens since the view call: " +
               ", ".join(f"{lo}-{hi} tokens {n:.2f}" for lo, hi, n in m["old_rest_by_length"]))
         for line in m["shown"]:
             print(f"    {line!r}")
