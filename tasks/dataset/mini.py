@@ -645,8 +645,9 @@ def generate_pool(cfg, n: int, benchmark_rows: list[dict], docker_image: str = D
     not. With `foreign_names` > 0, each argument/local name of a pool task's function is, with
     that probability, any name of the shared vocabulary instead of one of the function's own
     few: a model that recalls which names go with which function is then wrong, and only
-    copying from the viewed file is right. Every pool task obeys the split rule against the benchmark's validation tasks (no
-    shared function name + family, buggy function or issue), and duplicates no benchmark task.
+    copying from the viewed file is right. Every pool task obeys the split rule against the
+    benchmark's validation tasks (no shared function name + family, buggy function or issue),
+    and duplicates no benchmark task.
     """
     if cfg.split != "instance":
         raise ValueError("a warm-start pool needs dataset.split='instance' (under 'bug_site' the "

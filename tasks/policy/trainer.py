@@ -687,7 +687,6 @@ def sft_train(
     model, params = build_policy(model_dir, rt, cfg.optimizer.freeze_router)
     optimizer = _adamw(params, cfg, cfg.sft.lr)
     limit = max_steps if max_steps is not None else cfg.sft.max_steps
-    deadline = t0 + cfg.sft.minutes * 60
     clip = cfg.optimizer.grad_clip if cfg.optimizer.grad_clip is not None else 1.0
     rng = random.Random(cfg.seed)
     order: list[int] = []
@@ -696,17 +695,17 @@ def sft_train(
     while True:
         if limit is not None and step >= limit:
             break
-        # One rank past the deadline stops all: every rank must run the same number of steps.
-        stop = _all_reduce([float(time.perf_counter() >= deadline)], "max")
-        if stop[0] > 0 and step > 0:
+        # One clock for all ranks (the slowest): every rank must run the same number of steps and,
+        # with the cosine decay, apply the same learning rate.
+        elapsed = _all_reduce([time.perf_counter() - t0], "max")[0]
+        if elapsed >= cfg.sft.minutes * 60 and step > 0:
             break
         if len(order) < cfg.sft.batch_size:
             epoch = list(range(len(samples)))
             rng.shuffle(epoch)
             order += epoch
         for group in optimizer.param_groups:
-            group["lr"] = sft_lr(cfg.sft.lr, cfg.sft.cosine_decay, step, limit,
-                                 time.perf_counter() - t_loaded, cfg.sft.minutes)
+            group["lr"] = sft_lr(cfg.sft.lr, cfg.sft.cosine_decay, step, limit, elapsed, cfg.sft.minutes)
         batch = [samples[i] for i in order[:cfg.sft.batch_size]]
         order = order[cfg.sft.batch_size:]
         plan = plan_micro_batches([len(s.tokens) for s in batch], rt.world, cfg.optimizer.micro_batch_tokens)
