@@ -38,8 +38,10 @@ class DatasetConfig(_Strict):
     # Mini benchmark only: how validation differs from training. "instance": a validation task may
     # share a bug site and its constants with training tasks but never its function (name + family),
     # its buggy function text or its issue; "bug_site": in addition, every (function, bug site,
-    # constants) group belongs to one split (far harder: see tasks/dataset/mini.py).
-    split: Literal["instance", "bug_site"] = "instance"
+    # constants) group belongs to one split (far harder: see tasks/dataset/mini.py); "text": only
+    # the buggy function text and the issue are held out (a validation task may be another
+    # instance of a training task's function + family, with other names, constants and layout).
+    split: Literal["instance", "bug_site", "text"] = "instance"
     # Order of training problems: a seeded fixed order (the reference) or reshuffled every epoch.
     order: Literal["fixed", "shuffled"] = "fixed"
 

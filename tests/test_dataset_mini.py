@@ -86,7 +86,7 @@ def test_warm_start_pool_never_shares_a_validation_key_or_repeats_a_benchmark_ta
     ids = [r["instance_id"] for r in _rows(full) + _rows(pool)]
     assert len(set(ids)) == len(ids)
     assert [t.archive for t in mini.generate_pool(DatasetConfig(), 400, _rows(full))] == [t.archive for t in pool]
-    with pytest.raises(ValueError, match="split='instance'"):
+    with pytest.raises(ValueError, match="split='instance' or 'text'"):
         mini.generate_pool(DatasetConfig(split="bug_site"), 10, _rows(full))
 
 
@@ -123,6 +123,24 @@ def test_instance_split_shares_bug_sites_and_site_split_does_not(full):
     assert all("const" in mini.leakage_keys(r) for r in _rows(strict))
     train_groups = {const(r) for r in _rows(strict, "train")}
     assert not any(const(r) in train_groups for r in _rows(strict, "validation"))
+
+
+def test_text_split_holds_out_only_function_text_and_issue():
+    cfg = DatasetConfig(num_train=300, num_validation=100, split="text", difficulty=0.0)
+    rows = _rows(mini.generate(cfg))
+    fn = lambda r: (r["repo_name"], json.loads(r["parsed_commit_content"])["metadata"]["function"], r["bug_family"])
+    train = [r for r in rows if r["split"] == "train"]
+    val = [r for r in rows if r["split"] == "validation"]
+    assert all(set(mini.leakage_keys(r)) == {"body", "issue"} for r in rows)
+    # another instance of a trained function + family is allowed (and common) ...
+    assert sum(fn(r) in {fn(t) for t in train} for r in val) > len(val) / 3
+    # ... but never its buggy function text or issue
+    for kind in ("body", "issue"):
+        assert not {mini.leakage_keys(r)[kind] for r in val} & {mini.leakage_keys(r)[kind] for r in train}
+    pool = _rows(mini.generate_pool(cfg, 100, rows))
+    assert len(pool) >= 95
+    for kind in ("body", "issue"):
+        assert not {mini.leakage_keys(r)[kind] for r in pool} & {mini.leakage_keys(r)[kind] for r in rows}
 
 
 def test_families_packages_and_names_are_shared_by_both_splits(full):

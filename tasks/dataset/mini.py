@@ -21,7 +21,11 @@ So a validation task is an edit the model has seen made to a function of another
 code it is given rather than recall it. `split="bug_site"` adds a fourth key, the
 (template, bug site, constants) group: each group belongs to one split, decided up front
 per family (round-robin over functions, at least 4 groups in validation, no function
-validation-only), the far harder generalisation.
+validation-only), the far harder generalisation. `split="text"` drops the first key: a
+validation task may be a bug of a family the training set shows in the same function (another
+instance: other argument names, constants, neighbours, layout and issue wording), so the edit's
+site can be recalled while its text must still be copied from the file (how ARCHITECTURE.md s7's
+prototype split, where a tiny model reached pass@4 0.5-0.8).
 `leakage_keys(row)` recomputes the keys from a row; the tests check them.
 Names stay shared: validation reuses function names that training uses (for other bugs).
 
@@ -64,6 +68,13 @@ GENERATOR_VERSION = "mini-1"
 DEFAULT_IMAGE = "rlvr-sandbox:bookworm"
 MAX_MODULE_LINES = 60
 COMMIT_DATE = "2023-11-14T22:13:20+00:00"  # archive.EPOCH
+
+
+# The leakage keys each split rule holds out: no validation task shares one with a training task.
+# "fn" = (package, function name, bug family), "body" = the buggy function's text, "const" = the
+# (template, bug site, constants) group, "issue" = the issue text.
+HELD_OUT = {"bug_site": {"fn", "body", "const", "issue"}, "instance": {"fn", "body", "issue"},
+            "text": {"body", "issue"}}
 
 
 class GenerationError(RuntimeError):
@@ -425,10 +436,9 @@ def leakage_keys(row: dict) -> dict[str, str]:
     meta = json.loads(row["parsed_commit_content"])["metadata"]
     keys = {"fn": f"{row['repo_name']}|{meta['function']}|{row['bug_family']}",
             "body": meta["buggy_function"],
+            "const": f"{meta['template']}|{meta['bug_site']}|{meta['constants']}",
             "issue": row["problem_statement"]}
-    if meta.get("split_rule", "bug_site") == "bug_site":
-        keys["const"] = f"{meta['template']}|{meta['bug_site']}|{meta['constants']}"
-    return keys
+    return {k: v for k, v in keys.items() if k in HELD_OUT[meta.get("split_rule", "bug_site")]}
 
 
 # ----------------------------------------------------------------------------- assembling a task
@@ -586,7 +596,7 @@ def _plan(rng: random.Random, val_fraction: float, split_rule: str) -> dict:
     """
     groups = [(b.family, t, i, c) for t, tpl in enumerate(TEMPLATES) for i, b in enumerate(tpl.bugs)
               for c in _const_combos(tpl)]
-    if split_rule == "instance":  # every group is open to both splits
+    if split_rule in ("instance", "text"):  # every group is open to both splits
         plan: dict = {}
         for family, t, i, c in groups:
             for split in ("train", "validation"):
@@ -649,8 +659,8 @@ def generate_pool(cfg, n: int, benchmark_rows: list[dict], docker_image: str = D
     benchmark's validation tasks (no shared function name + family, buggy function or issue),
     and duplicates no benchmark task.
     """
-    if cfg.split != "instance":
-        raise ValueError("a warm-start pool needs dataset.split='instance' (under 'bug_site' the "
+    if cfg.split == "bug_site":
+        raise ValueError("a warm-start pool needs dataset.split='instance' or 'text' (under 'bug_site' the "
                          "pool would draw from the training sites only; use pool size 0)")
     rng = random.Random(f"{GENERATOR_VERSION}:{cfg.seed}:pool" + (f":{foreign_names}" if foreign_names else ""))
     owner: dict = {}
@@ -703,7 +713,7 @@ def _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, str
             # fn/const keys may repeat, but only inside one split.
             if any(k in owner for k in c.keys if k[0] in ("body", "issue")):
                 continue
-            keys = [k for k in c.keys if split_rule == "bug_site" or k[0] != "const"]
+            keys = [k for k in c.keys if k[0] in HELD_OUT[split_rule]]
             if any(owner.get(k, split) != split for k in keys):
                 continue
             for k in keys:
