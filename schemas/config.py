@@ -214,6 +214,9 @@ class SFTConfig(_Strict):
     # Learning rate from lr down to 0 along a half cosine over the run (whichever of max_steps or
     # minutes ends it first); False = constant lr.
     cosine_decay: bool = False
+    # With cosine_decay: restart the cosine this many times over the run (equal parts, warm restarts
+    # as in SGDR); the last part still ends at 0.
+    cosine_cycles: int = Field(1, ge=1)
 
 
 class EvalConfig(_Strict):

@@ -220,6 +220,11 @@ def test_sft_cosine_decay_follows_whichever_limit_ends_the_run_first():
     assert sft_lr(1e-3, True, 100, 960, 20 * 60.0, 40.0) == pytest.approx(5e-4)  # half the minutes
     assert sft_lr(1e-3, True, 960, 960, 0.0, 40.0) == pytest.approx(0.0, abs=1e-12)
     assert sft_lr(1e-3, True, 10, None, 50 * 60.0, 40.0) == pytest.approx(0.0, abs=1e-12)  # past the deadline
+    # two cycles: back to the full rate halfway, 0 at the end of each half
+    assert sft_lr(1e-3, True, 479, 960, 0.0, 40.0, cycles=2) == pytest.approx(0.0, abs=1e-7)
+    assert sft_lr(1e-3, True, 480, 960, 0.0, 40.0, cycles=2) == pytest.approx(1e-3)
+    assert sft_lr(1e-3, True, 720, 960, 0.0, 40.0, cycles=2) == pytest.approx(5e-4)
+    assert sft_lr(1e-3, True, 960, 960, 0.0, 40.0, cycles=2) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_nan_gradient_aborts_naming_the_micro_batch(tmp_path, monkeypatch):

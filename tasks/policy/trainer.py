@@ -423,13 +423,17 @@ def _adamw(params, cfg: RunConfig, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
 
 
-def sft_lr(base: float, cosine: bool, step: int, max_steps: int | None, elapsed_s: float, minutes: float) -> float:
+def sft_lr(base: float, cosine: bool, step: int, max_steps: int | None, elapsed_s: float, minutes: float,
+           cycles: int = 1) -> float:
     """The SFT learning rate before `step` (0-based): `base`, or with `cosine` a half cosine to 0 over
-    the run's progress, the larger of the step and the time fractions (a run ends on either)."""
+    the run's progress, the larger of the step and the time fractions (a run ends on either). With
+    `cycles` > 1 the cosine restarts from `base` that many times (equal parts of the run), the last
+    one still ending at 0."""
     if not cosine:
         return base
-    done = max(step / max_steps if max_steps else 0.0, elapsed_s / (minutes * 60))
-    return base * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+    done = min(max(step / max_steps if max_steps else 0.0, elapsed_s / (minutes * 60)), 1.0) * cycles
+    part = done - min(math.floor(done), cycles - 1)
+    return base * 0.5 * (1 + math.cos(math.pi * part))
 
 
 def _vocab_size(model_dir) -> int | None:
@@ -705,7 +709,8 @@ def sft_train(
             rng.shuffle(epoch)
             order += epoch
         for group in optimizer.param_groups:
-            group["lr"] = sft_lr(cfg.sft.lr, cfg.sft.cosine_decay, step, limit, elapsed, cfg.sft.minutes)
+            group["lr"] = sft_lr(cfg.sft.lr, cfg.sft.cosine_decay, step, limit, elapsed, cfg.sft.minutes,
+                                 cfg.sft.cosine_cycles)
         batch = [samples[i] for i in order[:cfg.sft.batch_size]]
         order = order[cfg.sft.batch_size:]
         plan = plan_micro_batches([len(s.tokens) for s in batch], rt.world, cfg.optimizer.micro_batch_tokens)
