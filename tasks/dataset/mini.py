@@ -596,7 +596,7 @@ def _plan(rng: random.Random, val_fraction: float, split_rule: str) -> dict:
     """
     groups = [(b.family, t, i, c) for t, tpl in enumerate(TEMPLATES) for i, b in enumerate(tpl.bugs)
               for c in _const_combos(tpl)]
-    if split_rule in ("instance", "text"):  # every group is open to both splits
+    if "const" not in HELD_OUT[split_rule]:  # every group is open to both splits
         plan: dict = {}
         for family, t, i, c in groups:
             for split in ("train", "validation"):
@@ -656,10 +656,10 @@ def generate_pool(cfg, n: int, benchmark_rows: list[dict], docker_image: str = D
     that probability, any name of the shared vocabulary instead of one of the function's own
     few: a model that recalls which names go with which function is then wrong, and only
     copying from the viewed file is right. Every pool task obeys the split rule against the
-    benchmark's validation tasks (no shared function name + family, buggy function or issue),
-    and duplicates no benchmark task.
+    benchmark's validation tasks (shares none of the rule's HELD_OUT keys with them), and
+    duplicates no benchmark task.
     """
-    if cfg.split == "bug_site":
+    if "const" in HELD_OUT[cfg.split]:
         raise ValueError("a warm-start pool needs dataset.split='instance' or 'text' (under 'bug_site' the "
                          "pool would draw from the training sites only; use pool size 0)")
     rng = random.Random(f"{GENERATOR_VERSION}:{cfg.seed}:pool" + (f":{foreign_names}" if foreign_names else ""))
@@ -710,7 +710,7 @@ def _fill(slots, plan, rng, cfg, docker_image, owner, max_attempts_per_task, str
             if c is None:
                 continue
             # body/issue keys must be new everywhere (no duplicate instances);
-            # fn/const keys may repeat, but only inside one split.
+            # the rule's other held-out keys (fn, const) may repeat, but only inside one split.
             if any(k in owner for k in c.keys if k[0] in ("body", "issue")):
                 continue
             keys = [k for k in c.keys if k[0] in HELD_OUT[split_rule]]

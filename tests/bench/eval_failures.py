@@ -14,40 +14,38 @@ import collections
 import difflib
 import json
 import pathlib
-import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-from tasks.dataset import mini  # noqa: E402
 from tasks.storage import Store  # noqa: E402
 
 VIEW = "Here's the result of running `cat -n` on "
 
 
-def changed_lines(patch: str) -> list[float]:
-    """Old-file line numbers the patch removes; an insertion counts as the half line before it."""
-    out, line = [], None
-    for text in patch.splitlines():
-        m = re.match(r"@@ -(\d+)", text)
-        if m:
-            line = int(m.group(1))
-        elif line is None or text.startswith(("---", "+++")):
+def changed_lines(task: dict, path: str) -> list[float]:
+    """Old-file line numbers the gold commit changes in `path` (from its ParsedCommit hunks); an
+    insertion counts as the half line before it."""
+    out = []
+    for fd in json.loads(task["parsed_commit_content"])["file_diffs"]:
+        if "/testbed/" + fd["header"]["file"]["path"] != path:
             continue
-        elif text.startswith("-"):
-            out.append(line)
-            line += 1
-        elif text.startswith("+"):
-            out.append(line - 0.5)
-        else:
-            line += 1
+        for h in fd["hunks"]:
+            line = h["descriptor"]["old_range"]["start"]
+            for ln in h["line_group"]["all_lines"]:
+                if ln["type"] == "deleted":
+                    out.append(line)
+                if ln["type"] == "added":
+                    out.append(line - 0.5)
+                else:
+                    line += ln["type"] != "note"
     return out
 
 
-def classify(messages: list[dict], patch: str) -> str:
+def classify(messages: list[dict], task: dict) -> str:
     view = next((m["content"] for m in messages if m["role"] == "tool" and m["content"].startswith(VIEW)), None)
-    edit = next((json.loads(c["function"]["arguments"]) for m in messages if m["role"] == "assistant"
-                 for c in m.get("tool_calls") or []
-                 if json.loads(c["function"]["arguments"]).get("command") == "str_replace"), None)
+    calls = (json.loads(c["function"]["arguments"]) for m in messages if m["role"] == "assistant"
+             for c in m.get("tool_calls") or [])
+    edit = next((a for a in calls if a.get("command") == "str_replace"), None)
     if view is None:
         return "no file view"
     if edit is None or not edit.get("old_str"):
@@ -56,7 +54,8 @@ def classify(messages: list[dict], patch: str) -> str:
     n = edit["old_str"].count("\n") + 1
     ratio = lambda i: difflib.SequenceMatcher(None, edit["old_str"], "\n".join(lines[i:i + n])).ratio()
     first = max(range(max(len(lines) - n + 1, 1)), key=ratio) + 1
-    site = any(first - 0.5 <= x <= first + n - 0.5 for x in changed_lines(patch))
+    path = view.split("\n", 1)[0][len(VIEW):].rstrip(":")
+    site = any(first - 0.5 <= x <= first + n - 0.5 for x in changed_lines(task, path))
     copied = edit["old_str"] in "\n".join(lines)
     return f"{'right' if site else 'wrong'} site, old_str {'verbatim' if copied else 'miscopied'}"
 
@@ -78,7 +77,7 @@ def main() -> None:
             counts["solved"] += 1
             continue
         messages = json.loads(s["messages"]) if isinstance(s["messages"], str) else s["messages"]
-        counts[classify(messages, mini.gold_patch(tasks[s["instance_id"]]))] += 1
+        counts[classify(messages, tasks[s["instance_id"]])] += 1
     total = sum(counts.values())
     print(f"{args.run_id}: {total} samples")
     for k, v in counts.most_common():
