@@ -31,6 +31,7 @@ from flows.prepare import prepare_run_context
 from flows.runtime import RunContext, config_json, log
 from schemas.manifest import Attempt, RunManifest
 from schemas.presets import ConfigError, load_config
+from tasks.evaluation import base_eval_id
 from tasks.mlperf import RunLog, deviations, read_log_times
 
 
@@ -157,9 +158,8 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
 
 
 def evaluate_base(ctx: RunContext, prepared: dict) -> dict:
-    """pass@k of the warm-started base checkpoint, computed once per base model and reused by every run."""
-    base_id = pathlib.PurePosixPath(prepared["base_model"]).name
-    base_ctx = dataclasses.replace(ctx, run_id=f"base-{base_id}")
+    """pass@k of the warm-started base checkpoint, computed once per base model and evaluation and reused by every run."""
+    base_ctx = dataclasses.replace(ctx, run_id=base_eval_id(ctx.cfg, prepared))
     log("evaluating the warm-started base checkpoint (untimed, cached per base model)")
     return evaluation(base_ctx, 0)
 
@@ -188,9 +188,9 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
     log_key = f"runs/{run_id}/mlperf.log"
     times = read_log_times(store.get_bytes(log_key).decode()) if store.exists(log_key) else {}
     if base_row is None and prepared.get("base_model"):
-        base_id = pathlib.PurePosixPath(prepared["base_model"]).name
-        if store.stage_committed(f"base-{base_id}", 0, "eval_summary"):
-            base_row = store.read_stage(f"base-{base_id}", 0, "eval_summary").to_pylist()[0]
+        base_id = base_eval_id(ctx.cfg, prepared)
+        if store.stage_committed(base_id, 0, "eval_summary"):
+            base_row = store.read_stage(base_id, 0, "eval_summary").to_pylist()[0]
     return {
         "run_id": run_id,
         "status": manifest.status if manifest else "unknown",

@@ -14,7 +14,9 @@ on the samples it has (k' = n) and counted in `short_tasks`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pathlib
 from collections import defaultdict
 from dataclasses import dataclass
 from math import comb
@@ -22,6 +24,17 @@ from math import comb
 import pyarrow as pa
 
 from schemas.tables import EVAL_SAMPLES, EVAL_SUMMARY
+
+
+def base_eval_id(cfg, prepared: dict) -> str:
+    """The run id under which the base checkpoint's evaluation is cached and shared by runs: the
+    checkpoint's name and a digest of what the evaluation measured (tasks table, subset, samples,
+    agent and sampling), so that a checkpoint given by `model.path` is evaluated again on another
+    dataset or subset instead of reporting a stale number."""
+    what = {"tasks": prepared["tasks"], "eval": cfg.eval.model_dump(include={"k", "samples_per_task", "max_tasks"}),
+            "agent": cfg.agent.model_dump(exclude={"training", "concurrency", "partial_flush_s"})}
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"base-{pathlib.PurePosixPath(prepared['base_model']).name}-{digest}"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

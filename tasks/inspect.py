@@ -55,9 +55,14 @@ class Run:
         return self._cache[stage]
 
     def base_run_id(self) -> str | None:
-        """The run id under which the warm-started base checkpoint was evaluated (`base-<model>`)."""
-        parent = self.base_checkpoint()
-        return f"base-{parent}" if parent else None
+        """The run id under which the warm-started base checkpoint was evaluated (`base-<model>-<digest>`)."""
+        from schemas.config import RunConfig
+        from tasks.evaluation import base_eval_id
+
+        m = self.store.read_manifest(self.run_id)
+        if m is None or not m.prepared.get("base_model") or not m.prepared.get("tasks"):
+            return None
+        return base_eval_id(RunConfig.model_validate(m.config), m.prepared)
 
     def base_checkpoint(self) -> str | None:
         """Name of the checkpoint the run started from: pinned in its manifest, else as its first update recorded."""

@@ -50,3 +50,18 @@ def test_eval_subset_spreads_over_packages():
     assert len(subset) == len(set(subset)) == 8 and {s.split("__")[0] for s in subset} == {"alpha", "beta", "gamma", "delta"}
     ctx.cfg = load_config("mini")
     assert eval_task_ids(ctx) == ids
+
+
+def test_base_evaluation_cache_id_names_what_was_measured():
+    from schemas.presets import load_config
+    from tasks.evaluation import base_eval_id
+
+    prepared = {"tasks": "datasets/mini-a/tasks.parquet", "base_model": "models/base-123"}
+    ident = base_eval_id(load_config("mini"), prepared)
+    assert ident.startswith("base-base-123-")
+    # Training-only settings share the base evaluation ...
+    assert base_eval_id(load_config("mini", ["agent.training.temperature=0.7", "optimizer.lr=1e-4"]), prepared) == ident
+    # ... what the evaluation measures does not.
+    assert base_eval_id(load_config("mini", ["eval.max_tasks=128"]), prepared) != ident
+    assert base_eval_id(load_config("mini", ["agent.validation.temperature=0.7"]), prepared) != ident
+    assert base_eval_id(load_config("mini"), {**prepared, "tasks": "datasets/mini-b/tasks.parquet"}) != ident
