@@ -160,7 +160,7 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
 def evaluate_base(ctx: RunContext, prepared: dict) -> dict:
     """pass@k of the warm-started base checkpoint, computed once per base model and evaluation and reused by every run."""
     base_ctx = dataclasses.replace(ctx, run_id=base_eval_id(ctx.cfg, prepared))
-    log("evaluating the warm-started base checkpoint (untimed, cached per base model)")
+    log("evaluating the warm-started base checkpoint (untimed, cached per base model and evaluation)")
     return evaluation(base_ctx, 0)
 
 

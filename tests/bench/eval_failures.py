@@ -32,12 +32,13 @@ def changed_lines(task: dict, path: str) -> list[float]:
         for h in fd["hunks"]:
             line = h["descriptor"]["old_range"]["start"]
             for ln in h["line_group"]["all_lines"]:
-                if ln["type"] == "deleted":
-                    out.append(line)
                 if ln["type"] == "added":
                     out.append(line - 0.5)
-                else:
-                    line += ln["type"] != "note"
+                elif ln["type"] == "deleted":
+                    out.append(line)
+                    line += 1
+                elif ln["type"] != "note":  # context
+                    line += 1
     return out
 
 
