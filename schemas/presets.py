@@ -64,8 +64,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         # the file instead of recalling training lines (README: status, measured by
         # tests/bench/bench_warm_start.py). The learning rate falls to 0 along a cosine three
         # times (960 steps each): on the "text" split one cycle gave pass@4 0.11 on the 251
-        # validation tasks, two 0.41, three 0.57-0.58 on the strided 128-task subset (where two
-        # gave 0.38-0.41). A cycle took 23-34 minutes here; `minutes` only caps a slow machine.
+        # validation tasks, two 0.41, three 0.60 (measured as separate 960-step runs, each with a
+        # fresh optimizer). A cycle took 23-34 minutes here; `minutes` only caps a slow machine.
         "sft": {"minutes": 120.0, "max_steps": 2880, "batch_size": 8, "demonstrations_per_task": 2,
                 "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3},
         "eval": {"k": 4, "samples_per_task": 4, "start_step": 0, "every_steps": 5},
