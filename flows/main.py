@@ -16,6 +16,7 @@ import sys
 def prefect_defaults() -> None:
     """A project-local Prefect home, no telemetry, time for the ephemeral API to start on a busy machine."""
     os.environ.setdefault("PREFECT_HOME", os.path.abspath(".rlvr/prefect"))
+    os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)  # Prefect makes only the last level
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")

@@ -1,5 +1,6 @@
 """prepare: everything the timed run starts from, each piece cached in the object store.
 
+    sandbox image    the Debian rootfs local sandboxes run in (and its docker image), built once
     dataset          tasks table (+ environment archives), verified in sandboxes
     base model       tokenizer trained on train-split text + a tiny Qwen-family model (random init)
     demonstrations   scripted-solver episodes on train tasks (and on the warm-start pool of extra
@@ -35,6 +36,18 @@ TOKENIZER_CORPUS_VERSION = 4
 
 def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@task(name="sandbox-image", cache_policy=NONE)
+def sandbox_image(cfg: RunConfig) -> None:
+    """The mini benchmark's environments run in our own Debian rootfs; R2E tasks bring their images."""
+    if cfg.dataset.source != "mini":
+        return
+    from tasks.sandbox import image
+
+    t0 = time.monotonic()
+    root = image.ensure_image(docker_too=cfg.sandbox.backend == "docker")
+    log(f"prepare: sandbox image {root} ({time.monotonic() - t0:.0f} s)")
 
 
 @task(name="dataset", cache_policy=NONE)
@@ -208,6 +221,7 @@ def prepare(preset: str = "mini", overrides: dict | None = None) -> dict:
 
 def prepare_config(cfg: RunConfig, dataset_only: bool = False) -> dict:
     store = Store.from_config(cfg.storage)
+    sandbox_image(cfg)
     tasks_key = dataset(cfg, store)
     if dataset_only:
         return {"tasks": tasks_key}

@@ -127,3 +127,17 @@ def test_resume_after_sigkill_mid_rollout_mid_update_mid_eval(smoke_server, tmp_
     log = store.get_bytes(f"runs/{run_id}/mlperf.log").decode()
     keys = [json.loads(ln[9:])["key"] for ln in log.splitlines() if ln.startswith(":::MLLOG")]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1
+
+
+def test_prepare_builds_the_sandbox_image_a_fresh_machine_lacks(monkeypatch):
+    # A fresh clone has no rootfs: prepare must build it (the tests' fixtures build it too,
+    # which once hid that `make run` did not).
+    from flows import prepare
+    from tasks.sandbox import image
+
+    calls = []
+    monkeypatch.setattr(image, "ensure_image", lambda docker_too: calls.append(docker_too) or "/rootfs")
+    prepare.sandbox_image.fn(load_config("mini"))
+    prepare.sandbox_image.fn(load_config("mini", ["sandbox.backend=docker"]))
+    prepare.sandbox_image.fn(load_config("qwen35_397b_grpo"))  # R2E tasks bring their own images
+    assert calls == [False, True]

@@ -1,0 +1,98 @@
+"""SFT warm-start speed (a measurement script, not a test): where an SFT step's time goes and what
+makes it faster, side by side in one process on the same batches.
+
+The warm start is most of a first `make run` (three cosine cycles, 2,880 steps of 8 demonstrations
+on the mini model). This times `--steps` real optimizer steps (the trainer's `_optimizer_step`:
+forward, token-mean cross-entropy with the context weighted as `sft.context_loss_weight`, backward,
+clip, AdamW) on the same demonstration batches for each variant, interleaved round-robin so that a
+noisy host hits every variant alike, and reports the median seconds per step, tokens/s and the
+ratio to the first variant. Variants: the transformers MoE experts implementation
+(`eager` loops over experts, `grouped_mm`, `batched_mm`), the attention implementation, and
+whether batches are grouped by length (padding is wasted work: reported as padded/real tokens).
+
+    .venv/bin/python tests/bench/bench_sft.py MODEL_DIR DEMONSTRATIONS.parquet [--steps 12] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+
+from schemas.presets import load_config  # noqa: E402
+from tasks.policy import trainer as tr  # noqa: E402
+
+
+def batches(samples, batch_size: int, steps: int, seed: int = 0):
+    rng = random.Random(seed)
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    return [[samples[i] for i in order[s * batch_size:(s + 1) * batch_size]] for s in range(steps)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("demonstrations")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default="eager/sdpa,grouped_mm/sdpa,batched_mm/sdpa,eager/eager")
+    a = ap.parse_args()
+    cfg = load_config("mini")
+    samples, _ = tr.prepare_samples(pq.read_table(a.demonstrations), None, tr._vocab_size(a.model_dir))
+    w = cfg.sft.context_loss_weight
+    samples = [dataclasses.replace(s, token_mask=s.token_mask + w * (1 - s.token_mask)) for s in samples]
+    data = batches(samples, cfg.sft.batch_size, a.steps)
+    lengths = [len(s.tokens) for b in data for s in b]
+    print(f"{len(samples)} demonstrations; batch {cfg.sft.batch_size}; tokens per sequence: median "
+          f"{statistics.median(lengths):.0f}, max {max(lengths)}; torch threads {torch.get_num_threads()}")
+    rt = tr.Runtime(0, 1, torch.device("cpu"), False)
+    models = {}
+    for v in a.variants.split(","):
+        experts, attn = v.split("/")
+        torch.manual_seed(0)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32, attn_implementation=attn,
+                                                     experts_implementation=experts)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        models[v] = (model, params, torch.optim.AdamW(params, lr=1e-5))
+    times = {v: [] for v in models}
+    padded = real = 0
+    for r in range(a.rounds):
+        for v, (model, params, opt) in models.items():
+            for batch in data:
+                plan = tr.plan_micro_batches([len(s.tokens) for s in batch], 1, cfg.optimizer.micro_batch_tokens)
+                toks = float(sum(s.token_mask.sum().item() for s in batch))
+                if r == 0 and v == next(iter(models)):
+                    padded += sum(len(idx) * max(len(batch[i].tokens) for i in idx) for (idx,) in plan)
+                    real += sum(len(s.tokens) for s in batch)
+
+                def loss_fn(mb, curr):
+                    loss = -(curr * mb.token_mask * mb.sample_mask[:, None]).sum() / (toks + 1e-8)
+                    return loss, {"loss": loss.item()}
+
+                t0 = time.perf_counter()
+                tr._optimizer_step(model, params, opt, batch, plan, rt, loss_fn, 1.0)
+                times[v].append(time.perf_counter() - t0)
+    tokens_per_step = real / len(data)
+    base = statistics.median(times[next(iter(models))])
+    print(f"padded / real tokens: {padded / real:.3f} ({tokens_per_step:.0f} real tokens per step)")
+    print(f"{'variant (experts/attention)':<30}{'median s/step':>14}{'tokens/s':>10}{'vs first':>10}")
+    for v, t in times.items():
+        m = statistics.median(t)
+        print(f"{v:<30}{m:>14.3f}{tokens_per_step / m:>10.0f}{m / base:>10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
