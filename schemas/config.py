@@ -217,6 +217,11 @@ class SFTConfig(_Strict):
     # With cosine_decay: restart the cosine this many times over the run (equal parts, warm restarts
     # as in SGDR); the last part still ends at 0.
     cosine_cycles: int = Field(1, ge=1)
+    # Padded tokens per forward/backward (None: optimizer.micro_batch_tokens). The loss is normalised
+    # over the whole batch, so this changes speed, not the update: on 2 CPU cores, batches of 8
+    # demonstrations of 450-770 tokens ran 1.3x faster split into length-sorted micro-batches of
+    # <= 1,600 tokens than as one padded block (tests/bench/bench_sft.py).
+    micro_batch_tokens: int | None = Field(None, ge=64)
 
 
 class EvalConfig(_Strict):

@@ -67,7 +67,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         # validation tasks, two 0.41, three 0.60 (measured as separate 960-step runs, each with a
         # fresh optimizer). A cycle took 23-34 minutes here; `minutes` only caps a slow machine.
         "sft": {"minutes": 120.0, "max_steps": 2880, "batch_size": 8, "demonstrations_per_task": 2,
-                "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3},
+                "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3,
+                "micro_batch_tokens": 1600},
         "eval": {"k": 4, "samples_per_task": 4, "start_step": 0, "every_steps": 5},
     },
     "qwen35_397b_grpo": {

@@ -211,6 +211,24 @@ def test_sft_context_loss_weight_also_learns_the_prompt(tmp_path):
     assert prompt_lp[1.0] > prompt_lp[0.0] + 3
 
 
+def test_sft_micro_batches_change_speed_not_the_update(tmp_path):
+    src = make_policy_dir(tmp_path / "base")
+    demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 33+33=", "66"), ("Q: 4+4=", "8")],
+                            group="demo")
+    weights = {}
+    for mbt in (None, 64):  # one padded block vs one sequence per micro-batch
+        cfg = run_config()
+        cfg.sft.batch_size, cfg.sft.micro_batch_tokens = 4, mbt
+        m = sft_train(src, demos, cfg, tmp_path / f"mb{mbt}", max_steps=3)
+        weights[mbt] = load_file(tmp_path / f"mb{mbt}" / "model.safetensors")
+    assert weights[None].keys() == weights[64].keys()
+    moved = max((weights[None][k] - load_file(src / "model.safetensors")[k]).abs().max() for k in weights[None])
+    assert moved > 1e-3
+    for k in weights[None]:
+        torch.testing.assert_close(weights[64][k], weights[None][k], atol=1e-5, rtol=1e-4)
+    assert m["steps"] == 3
+
+
 def test_sft_cosine_decay_follows_whichever_limit_ends_the_run_first():
     from tasks.policy.trainer import sft_lr
 

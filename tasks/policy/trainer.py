@@ -713,7 +713,8 @@ def sft_train(
                                  cfg.sft.cosine_cycles)
         batch = [samples[i] for i in order[:cfg.sft.batch_size]]
         order = order[cfg.sft.batch_size:]
-        plan = plan_micro_batches([len(s.tokens) for s in batch], rt.world, cfg.optimizer.micro_batch_tokens)
+        plan = plan_micro_batches([len(s.tokens) for s in batch], rt.world,
+                                  cfg.sft.micro_batch_tokens or cfg.optimizer.micro_batch_tokens)
         toks = float(sum(s.token_mask.sum().item() for s in batch))
 
         def loss_fn(mb, curr):

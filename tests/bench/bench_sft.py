@@ -6,9 +6,11 @@ on the mini model). This times `--steps` real optimizer steps (the trainer's `_o
 forward, token-mean cross-entropy with the context weighted as `sft.context_loss_weight`, backward,
 clip, AdamW) on the same demonstration batches for each variant, interleaved round-robin so that a
 noisy host hits every variant alike, and reports the median seconds per step, tokens/s and the
-ratio to the first variant. Variants: the transformers MoE experts implementation
-(`eager` loops over experts, `grouped_mm`, `batched_mm`), the attention implementation, and
-whether batches are grouped by length (padding is wasted work: reported as padded/real tokens).
+ratio to the first variant. Variants (EXPERTS/ATTENTION/MICRO_BATCH_TOKENS): the transformers MoE experts implementation
+(`eager` loops over experts, `grouped_mm`; `batched_mm` gathers each token's expert weights and runs out
+of 24 GiB here), the attention implementation, and
+the micro-batch token budget (smaller splits a batch into length-sorted micro-batches with less
+padding, the wasted work reported as padded/real tokens, but smaller matrix products).
 
     .venv/bin/python tests/bench/bench_sft.py MODEL_DIR DEMONSTRATIONS.parquet [--steps 12] [--rounds 3]
 """
@@ -44,7 +46,8 @@ def main() -> int:
     ap.add_argument("demonstrations")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", default="eager/sdpa,grouped_mm/sdpa,batched_mm/sdpa,eager/eager")
+    ap.add_argument("--variants", default="eager/sdpa/16384,grouped_mm/sdpa/16384,eager/eager/16384,"
+                                          "grouped_mm/sdpa/3200,grouped_mm/sdpa/1600")
     a = ap.parse_args()
     cfg = load_config("mini")
     samples, _ = tr.prepare_samples(pq.read_table(a.demonstrations), None, tr._vocab_size(a.model_dir))
@@ -57,7 +60,7 @@ def main() -> int:
     rt = tr.Runtime(0, 1, torch.device("cpu"), False)
     models = {}
     for v in a.variants.split(","):
-        experts, attn = v.split("/")
+        experts, attn, _ = v.split("/")
         torch.manual_seed(0)
         from transformers import AutoModelForCausalLM
 
@@ -67,15 +70,16 @@ def main() -> int:
         params = [p for p in model.parameters() if p.requires_grad]
         models[v] = (model, params, torch.optim.AdamW(params, lr=1e-5))
     times = {v: [] for v in models}
-    padded = real = 0
+    padded: dict[str, int] = {}
+    real = sum(len(s.tokens) for b in data for s in b)
     for r in range(a.rounds):
         for v, (model, params, opt) in models.items():
             for batch in data:
-                plan = tr.plan_micro_batches([len(s.tokens) for s in batch], 1, cfg.optimizer.micro_batch_tokens)
+                plan = tr.plan_micro_batches([len(s.tokens) for s in batch], 1, int(v.split("/")[2]))
                 toks = float(sum(s.token_mask.sum().item() for s in batch))
-                if r == 0 and v == next(iter(models)):
-                    padded += sum(len(idx) * max(len(batch[i].tokens) for i in idx) for (idx,) in plan)
-                    real += sum(len(s.tokens) for s in batch)
+                if r == 0:
+                    padded[v] = padded.get(v, 0) + sum(len(idx) * max(len(batch[i].tokens) for i in idx)
+                                                       for (idx,) in plan)
 
                 def loss_fn(mb, curr):
                     loss = -(curr * mb.token_mask * mb.sample_mask[:, None]).sum() / (toks + 1e-8)
@@ -86,11 +90,12 @@ def main() -> int:
                 times[v].append(time.perf_counter() - t0)
     tokens_per_step = real / len(data)
     base = statistics.median(times[next(iter(models))])
-    print(f"padded / real tokens: {padded / real:.3f} ({tokens_per_step:.0f} real tokens per step)")
-    print(f"{'variant (experts/attention)':<30}{'median s/step':>14}{'tokens/s':>10}{'vs first':>10}")
+    print(f"{tokens_per_step:.0f} real tokens per step")
+    print(f"{'experts/attention/micro-batch tokens':<38}{'padded/real':>12}{'median s/step':>14}{'tokens/s':>10}"
+          f"{'vs first':>10}")
     for v, t in times.items():
         m = statistics.median(t)
-        print(f"{v:<30}{m:>14.3f}{tokens_per_step / m:>10.0f}{m / base:>10.2f}")
+        print(f"{v:<38}{padded[v] / real:>12.3f}{m:>14.3f}{tokens_per_step / m:>10.0f}{m / base:>10.2f}")
     return 0
 
 
