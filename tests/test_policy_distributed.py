@@ -82,7 +82,7 @@ def test_two_ranks_abort_together_on_nan(tmp_path):
 
 
 @pytest.mark.slow
-def test_sft_two_ranks(tmp_path):
+def test_sft_two_ranks(tmp_path, capfd):
     cfg = run_config()
     cfg.optimizer.num_ranks = 2
     v0 = make_policy_dir(tmp_path / "base")
@@ -91,6 +91,9 @@ def test_sft_two_ranks(tmp_path):
     m = launch_sft(v0, tmp_path / "demos.parquet", cfg, tmp_path / "sft", max_steps=12, timeout=300)
     assert m["world_size"] == 2 and m["steps"] == 12 and m["loss_last"] < m["loss_first"]
     assert ckpt.read_policy_version(tmp_path / "sft") == 0
+    # The warm start's progress reaches the caller's stderr, once (rank 0), the rest stays quiet.
+    err = capfd.readouterr().err
+    assert err.count("sft step 1/12: loss") == 1 and "[trainer progress]" not in err
 
 
 @pytest.mark.slow  # two subprocess launches: ~20-35 s on 2 busy cores

@@ -30,6 +30,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,9 @@ PAD_ID = 0
 # global-count-normalised term that adds up over micro-batches and ranks.
 MIN_METRICS = ("probs_ratio_min", "probs_ratio_clamped_min")
 MAX_METRICS = ("probs_ratio_max", "probs_ratio_clamped_max")
+
+
+PROGRESS = "[trainer progress]"  # stderr lines run_trainer passes on to the caller's stderr
 
 
 class BadBatchError(ValueError):
@@ -725,8 +729,11 @@ def sft_train(
         losses.append(m["loss"])
         tokens += m["tokens"]
         step += 1
-        if rt.main and (step == 1 or step % 50 == 0):
-            print(f"sft step {step}: loss {m['loss']:.4f} grad_norm {m['grad_norm']:.3f}", file=sys.stderr, flush=True)
+        if rt.main and (step == 1 or step % 100 == 0):
+            took = time.perf_counter() - t_loaded
+            left = f", about {took / step * (limit - step) / 60:.0f} min left" if limit else ""
+            print(f"{PROGRESS} sft step {step}/{limit or '?'}: loss {m['loss']:.4f} lr {optimizer.param_groups[0]['lr']:.2e}"
+                  f" ({took / 60:.1f} min{left})", file=sys.stderr, flush=True)
     t_trained = time.perf_counter()
     save_s = _save(model, None, rt, out_dir, model_dir, policy_version, {"mode": "sft", "steps": step})
     tail = losses[-10:]
@@ -761,16 +768,35 @@ def run_trainer(mode: str, args: list[str], num_ranks: int = 1, timeout: float |
     metrics_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlvr-trainer-{os.getpid()}-{time.time_ns()}.json"
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), full_env.get("PYTHONPATH")]))
-    proc = subprocess.run(trainer_command(mode, [*args, "--metrics-out", str(metrics_file)], num_ranks),
-                          cwd=root, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(trainer_command(mode, [*args, "--metrics-out", str(metrics_file)], num_ranks),
+                            cwd=root, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Read stderr as it comes: progress lines go on to ours (a warm start runs for an hour), the
+    # rest is kept for the error message.
+    stderr: list[str] = []
+
+    def read() -> None:
+        for line in proc.stderr:
+            stderr.append(line)
+            if line.startswith(PROGRESS):
+                print(line[len(PROGRESS):].strip(), file=sys.stderr, flush=True)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        if proc.returncode != 0:
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        reader.join()
+        if returncode != 0:
             # torchrun turns every child failure into exit code 1: go by the message's type instead.
             known = {"BadBatchError": BadBatchError, "JoinError": BadBatchError, "ValueError": BadBatchError,
                      "UpdateAborted": UpdateAborted}
-            lines = [ln for ln in proc.stderr.splitlines() if ln.split(":")[0] in known]
+            lines = [ln.rstrip("\n") for ln in stderr if ln.split(":")[0] in known]
             exc = known[lines[-1].split(":")[0]] if lines else RuntimeError
-            raise exc(f"trainer exited with {proc.returncode}: {lines[-1] if lines else proc.stderr[-3000:]}")
+            raise exc(f"trainer exited with {returncode}: {lines[-1] if lines else ''.join(stderr)[-3000:]}")
         return json.loads(metrics_file.read_text())
     finally:
         metrics_file.unlink(missing_ok=True)
