@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
-	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap
+	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -68,6 +68,10 @@ bench-orchestration: setup
 
 bench-overlap: setup
 	$(PY) tests/bench/bench_overlap.py $(ARGS)
+
+# SFT step speed by variant, on prepare's tiny model and demonstrations (ARGS="MODEL_DIR DEMOS.parquet").
+bench-sft: venv
+	$(PY) tests/bench/bench_sft.py $(ARGS)
 
 # The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT) with the train / evaluate / prepare / reproducibility
 # deployments served (no work pool needed); REPRO_BASELINE=<run id> schedules reproducibility reruns.
