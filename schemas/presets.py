@@ -65,7 +65,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         # tests/bench/bench_warm_start.py). The learning rate falls to 0 along a cosine three
         # times (960 steps each): on the "text" split one cycle gave pass@4 0.11 on the 251
         # validation tasks, two 0.41, three 0.60 (measured as separate 960-step runs, each with a
-        # fresh optimizer). A cycle took 23-34 minutes here; `minutes` only caps a slow machine.
+        # fresh optimizer); this one run of 2,880 steps, AdamW state carried, reached 0.506 (79 min
+        # here, make run 2026-11-30): 0.18 below the target. `minutes` only caps a slow machine.
         "sft": {"minutes": 120.0, "max_steps": 2880, "batch_size": 8, "demonstrations_per_task": 2,
                 "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3,
                 "micro_batch_tokens": 1600},
