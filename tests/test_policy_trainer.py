@@ -216,13 +216,14 @@ def test_sft_micro_batches_change_speed_not_the_update(tmp_path):
     demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 33+33=", "66"), ("Q: 4+4=", "8")],
                             group="demo")
     weights = {}
-    for mbt in (None, 64):  # one padded block vs one sequence per micro-batch
+    for mbt in (None, 64):  # one padded block vs several micro-batches
         cfg = run_config()
         cfg.sft.batch_size, cfg.sft.micro_batch_tokens = 4, mbt
         m = sft_train(src, demos, cfg, tmp_path / f"mb{mbt}", max_steps=3)
         weights[mbt] = load_file(tmp_path / f"mb{mbt}" / "model.safetensors")
     assert weights[None].keys() == weights[64].keys()
-    moved = max((weights[None][k] - load_file(src / "model.safetensors")[k]).abs().max() for k in weights[None])
+    initial = load_file(src / "model.safetensors")
+    moved = max((weights[None][k] - initial[k]).abs().max() for k in weights[None])
     assert moved > 1e-3
     for k in weights[None]:
         torch.testing.assert_close(weights[64][k], weights[None][k], atol=1e-5, rtol=1e-4)

@@ -665,6 +665,29 @@ def _combine_steps(steps: list[dict]) -> dict:
 # ---------------------------------------------------------------------------- SFT
 
 
+def sft_samples(demonstrations: pa.Table | list[dict], model_dir, context_loss_weight: float) -> list[Sample]:
+    """The demonstrations as training samples, the tokens the policy did not generate at the given weight."""
+    samples, _ = prepare_samples(demonstrations, None, _vocab_size(model_dir))
+    samples = [s for s in samples if s.token_mask.sum() > 0]
+    if not samples:
+        raise BadBatchError("no demonstration has loss_mask tokens to learn from")
+    w = context_loss_weight
+    if w > 0:  # the prompt and tool outputs count too, at weight w (a tiny model has no pretraining)
+        samples = [dataclasses.replace(s, token_mask=s.token_mask + w * (1 - s.token_mask)) for s in samples]
+    return samples
+
+
+def sft_loss(batch: list[Sample]):
+    """loss_fn for _optimizer_step: the batch's token-weighted mean cross-entropy, whatever its micro-batches."""
+    toks = float(sum(s.token_mask.sum().item() for s in batch))
+
+    def loss_fn(mb, curr):
+        loss = -(curr * mb.token_mask * mb.sample_mask[:, None]).sum() / (toks + 1e-8)
+        return loss, {"loss": loss.item()}
+
+    return loss_fn
+
+
 def sft_train(
     model_dir: str | os.PathLike,
     demonstrations: pa.Table | list[dict],
@@ -683,13 +706,7 @@ def sft_train(
     comes first. Grad clip: cfg.optimizer.grad_clip, else 1.0.
     """
     t0 = time.perf_counter()
-    samples, _ = prepare_samples(demonstrations, None, _vocab_size(model_dir))
-    samples = [s for s in samples if s.token_mask.sum() > 0]
-    if not samples:
-        raise BadBatchError("no demonstration has loss_mask tokens to learn from")
-    w = cfg.sft.context_loss_weight
-    if w > 0:  # the prompt and tool outputs count too, at weight w (a tiny model has no pretraining)
-        samples = [dataclasses.replace(s, token_mask=s.token_mask + w * (1 - s.token_mask)) for s in samples]
+    samples = sft_samples(demonstrations, model_dir, cfg.sft.context_loss_weight)
     rt = init_runtime(precision)
     torch.manual_seed(cfg.seed)
     model, params = build_policy(model_dir, rt, cfg.optimizer.freeze_router)
@@ -719,13 +736,7 @@ def sft_train(
         order = order[cfg.sft.batch_size:]
         plan = plan_micro_batches([len(s.tokens) for s in batch], rt.world,
                                   cfg.sft.micro_batch_tokens or cfg.optimizer.micro_batch_tokens)
-        toks = float(sum(s.token_mask.sum().item() for s in batch))
-
-        def loss_fn(mb, curr):
-            loss = -(curr * mb.token_mask * mb.sample_mask[:, None]).sum() / (toks + 1e-8)
-            return loss, {"loss": loss.item()}
-
-        m = _optimizer_step(model, params, optimizer, batch, plan, rt, loss_fn, clip)
+        m = _optimizer_step(model, params, optimizer, batch, plan, rt, sft_loss(batch), clip)
         losses.append(m["loss"])
         tokens += m["tokens"]
         step += 1
@@ -785,7 +796,7 @@ def run_trainer(mode: str, args: list[str], num_ranks: int = 1, timeout: float |
     try:
         try:
             returncode = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # a timeout, or the flow itself interrupted: no orphaned trainer
             proc.kill()
             proc.wait()
             raise

@@ -18,7 +18,6 @@ padding, the wasted work reported as padded/real tokens, but smaller matrix prod
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
 import random
 import statistics
@@ -28,6 +27,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 from schemas.presets import load_config  # noqa: E402
 from tasks.policy import trainer as tr  # noqa: E402
@@ -50,9 +50,7 @@ def main() -> int:
                                           "grouped_mm/sdpa/3200,grouped_mm/sdpa/1600")
     a = ap.parse_args()
     cfg = load_config("mini")
-    samples, _ = tr.prepare_samples(pq.read_table(a.demonstrations), None, tr._vocab_size(a.model_dir))
-    w = cfg.sft.context_loss_weight
-    samples = [dataclasses.replace(s, token_mask=s.token_mask + w * (1 - s.token_mask)) for s in samples]
+    samples = tr.sft_samples(pq.read_table(a.demonstrations), a.model_dir, cfg.sft.context_loss_weight)
     data = batches(samples, cfg.sft.batch_size, a.steps)
     lengths = [len(s.tokens) for b in data for s in b]
     print(f"{len(samples)} demonstrations; batch {cfg.sft.batch_size}; tokens per sequence: median "
@@ -61,9 +59,6 @@ def main() -> int:
     models = {}
     for v in a.variants.split(","):
         experts, attn, _ = v.split("/")
-        torch.manual_seed(0)
-        from transformers import AutoModelForCausalLM
-
         model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32, attn_implementation=attn,
                                                      experts_implementation=experts)
         model.train()
@@ -76,17 +71,11 @@ def main() -> int:
         for v, (model, params, opt) in models.items():
             for batch in data:
                 plan = tr.plan_micro_batches([len(s.tokens) for s in batch], 1, int(v.split("/")[2]))
-                toks = float(sum(s.token_mask.sum().item() for s in batch))
                 if r == 0:
                     padded[v] = padded.get(v, 0) + sum(len(idx) * max(len(batch[i].tokens) for i in idx)
                                                        for (idx,) in plan)
-
-                def loss_fn(mb, curr):
-                    loss = -(curr * mb.token_mask * mb.sample_mask[:, None]).sum() / (toks + 1e-8)
-                    return loss, {"loss": loss.item()}
-
                 t0 = time.perf_counter()
-                tr._optimizer_step(model, params, opt, batch, plan, rt, loss_fn, 1.0)
+                tr._optimizer_step(model, params, opt, batch, plan, rt, tr.sft_loss(batch), 1.0)
                 times[v].append(time.perf_counter() - t0)
     tokens_per_step = real / len(data)
     base = statistics.median(times[next(iter(models))])
