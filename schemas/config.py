@@ -271,6 +271,14 @@ class RunConfig(_Strict):
         return 0.125 * math.sqrt(256 / self.grpo.global_batch_size)
 
     @model_validator(mode="after")
+    def _training_samples_a_distribution(self):
+        # The update differentiates log softmax(logits / T) of the rollouts' sampling temperature.
+        if self.agent.training.temperature <= 0:
+            raise ValueError(f"agent.training.temperature ({self.agent.training.temperature}) must be > 0: "
+                             "GRPO learns from sampled rollouts (greedy gives every rollout of a group alike)")
+        return self
+
+    @model_validator(mode="after")
     def _context_fits_server(self):
         if self.agent.max_context_tokens > self.inference.max_model_len and self.inference.mode == "managed":
             raise ValueError(

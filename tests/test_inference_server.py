@@ -61,6 +61,21 @@ def test_token_in_token_out_matches_training_model(vllm_server, policy):
     assert max(abs(a - b) for a, b in zip(g.logprobs, ref)) < 1e-4
 
 
+def test_logprobs_are_of_the_tempered_distribution(vllm_server, policy):
+    """At T=0.5 the server reports log softmax(logits / 0.5), the trainer's GRPO logprobs at that
+    temperature (tasks/policy/trainer.py: token_logprobs), not the raw model's."""
+    from tasks.policy.trainer import policy_logprobs
+
+    model, tok = policy
+    prompt = T.prompt_ids(tok, MESSAGES, TOOLS)
+    g = run(make_client(vllm_server, tok).generate(prompt, 24, 0.5, 1.0, seed=7))
+    n = len(prompt)
+    tempered = policy_logprobs(model, [prompt + g.token_ids], temperature=0.5)[0][n - 1:].tolist()
+    assert max(abs(a - b) for a, b in zip(g.logprobs, tempered)) < 1e-4
+    raw = hf_logprobs(model, prompt, g.token_ids)
+    assert max(abs(a - b) for a, b in zip(g.logprobs, raw)) > 1e-2
+
+
 def test_greedy_is_deterministic_and_stop_token_is_returned(vllm_server, policy):
     _, tok = policy
     prompt = T.prompt_ids(tok, MESSAGES)

@@ -59,6 +59,25 @@ def test_grpo_moves_probability_toward_rewarded_completion(tmp_path, favoured, o
     assert after[1] < before[1] - 0.5, (before, after)
 
 
+def test_update_uses_the_rollouts_sampling_temperature(tmp_path):
+    """Rollouts sampled at T=0.5 carry logprobs of softmax(logits / 0.5) (vLLM's processed_logprobs);
+    the update must compute the same policy, or every importance ratio is off and seq-mask-tis
+    drops the sequences."""
+    cfg = run_config()
+    cfg.agent.training.temperature = 0.5
+    src = make_policy_dir(tmp_path / "v0")
+    model = load_policy(src)
+    ids = [episode(p, c)[0] for p, c in GROUP]
+    rewards = [1, 0, 1, 0, 1, 0, 1, 1]
+    tempered = trajectory_rows(GROUP, logprobs=policy_logprobs(model, ids, temperature=0.5))
+    m = grpo_update(src, tempered, compute_advantages(tempered, reward_table(tempered, rewards), cfg.grpo),
+                    cfg, tmp_path / "v1")
+    assert m["is_oob_ratio"] == 0.0 and m["sampling_importance_ratio"] == pytest.approx(1.0, abs=1e-5)
+    raw = trajectory_rows(GROUP, logprobs=policy_logprobs(model, ids))
+    m = grpo_update(src, raw, compute_advantages(raw, reward_table(raw, rewards), cfg.grpo), cfg, tmp_path / "v1b")
+    assert m["is_oob_ratio"] > 0.5
+
+
 def test_metrics_and_router_frozen(tmp_path):
     cfg = run_config()
     src = make_policy_dir(tmp_path / "v0")

@@ -25,6 +25,7 @@ def test_overrides_apply_with_types():
     (["eval.samples_per_task=2"], "samples_per_task (2) must be >= k (4)"),
     (["agent.max_context_tokens=100000"], "exceeds inference.max_model_len"),
     (["grpo.prompts_per_step"], "not of the form"),
+    (["agent.training.temperature=0"], "agent.training.temperature (0.0) must be > 0"),
 ])
 def test_invalid_values_fail_clearly(override, needle):
     with pytest.raises(ConfigError, match=None) as e:

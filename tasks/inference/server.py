@@ -84,6 +84,9 @@ def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int)
         # Ignore sampling defaults in a checkpoint's generation_config.json (a real
         # Qwen ships top_k=20 etc.); the client always says what it wants.
         "--generation-config", "vllm",
+        # Logprobs of the distribution tokens are sampled from (after temperature), the one the
+        # trainer's ratios and policy gradient use; the default, raw logits, is that only at T=1.
+        "--logprobs-mode", "processed_logprobs",
         "--disable-uvicorn-access-log",
         # rlvr_reload_weights: reload + the CPU fixes (see vllm_ext/rlvr_vllm_ext.py).
         "--worker-extension-cls", WORKER_EXTENSION,

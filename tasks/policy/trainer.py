@@ -279,19 +279,25 @@ def build_policy(model_dir: str | os.PathLike, rt: Runtime, freeze_router: bool 
     return model, [p for p in model.parameters() if p.requires_grad]
 
 
-def token_logprobs(model, mb: MicroBatch, rt: Runtime) -> torch.Tensor:
-    """[b, T] float32 log pi(token t+1 | tokens <= t): logits at t predict token t+1."""
+def token_logprobs(model, mb: MicroBatch, rt: Runtime, temperature: float = 1.0) -> torch.Tensor:
+    """[b, T] float32 log pi(token t+1 | tokens <= t): logits at t predict token t+1.
+
+    GRPO passes the rollouts' sampling temperature: the policy that sampled them is
+    softmax(logits / T), and its logprobs are what vLLM reports (processed_logprobs) and what
+    the importance ratios and the policy gradient must use."""
     # One GPU is not sharded, so FSDP2's bf16 policy does not apply: autocast instead.
     autocast = rt.bf16 and rt.world == 1 and rt.device.type == "cuda"
     with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
     logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     nll = F.cross_entropy(logits.flatten(0, 1), mb.targets.flatten(), reduction="none")
     return -nll.view_as(mb.targets)
 
 
 def policy_logprobs(model, token_ids: list[list[int]], micro_batch_tokens: int = 16384,
-                    device: str | torch.device = "cpu") -> list[torch.Tensor]:
+                    device: str | torch.device = "cpu", temperature: float = 1.0) -> list[torch.Tensor]:
     """Per sequence, the shifted logprobs [L-1] of a plain (unsharded) model. For tests and tools."""
     rt = Runtime(0, 1, torch.device(device), False)
     samples = [Sample(str(i), torch.tensor(t, dtype=torch.long), torch.zeros(len(t) - 1), torch.zeros(len(t) - 1))
@@ -302,7 +308,7 @@ def policy_logprobs(model, token_ids: list[list[int]], micro_batch_tokens: int =
     with torch.no_grad():
         for (idx,) in plan_micro_batches([len(s.tokens) for s in samples], 1, micro_batch_tokens):
             mb = collate(samples, idx, rt.device)
-            lp = token_logprobs(model, mb, rt).cpu()
+            lp = token_logprobs(model, mb, rt, temperature).cpu()
             for j, i in enumerate(idx):
                 out[i] = lp[j, :len(samples[i].tokens) - 1]
     model.train(was_training)
@@ -354,17 +360,18 @@ def _grad_norm_and_clip(params, max_norm: float | None) -> float:
     return total.item()
 
 
-def _forward_pass(model, samples, plan, rt, store: str):
+def _forward_pass(model, samples, plan, rt, store: str, temperature: float = 1.0):
     """No-grad logprobs of this rank's samples into Sample.<store> (prev or ref policy)."""
     with torch.no_grad():
         for step in plan:
             mb = collate(samples, step[rt.rank], rt.device)
-            lp = token_logprobs(model, mb, rt).cpu()
+            lp = token_logprobs(model, mb, rt, temperature).cpu()
             for j, i in enumerate(mb.indices):
                 setattr(samples[i], store, lp[j, :len(samples[i].tokens) - 1].clone())
 
 
-def _optimizer_step(model, params, optimizer, samples, plan, rt, loss_fn, max_grad_norm) -> dict:
+def _optimizer_step(model, params, optimizer, samples, plan, rt, loss_fn, max_grad_norm,
+                    temperature: float = 1.0) -> dict:
     """Accumulate gradients over the plan's micro-batches, then clip and step once.
 
     loss_fn(mb, curr_logprobs) -> (loss, metrics) returns this micro-batch's term of the
@@ -378,7 +385,7 @@ def _optimizer_step(model, params, optimizer, samples, plan, rt, loss_fn, max_gr
     tokens = 0
     for s, step in enumerate(plan):
         mb = collate(samples, step[rt.rank], rt.device)
-        loss, metrics = loss_fn(mb, token_logprobs(model, mb, rt))
+        loss, metrics = loss_fn(mb, token_logprobs(model, mb, rt, temperature))
         if not mb.indices:
             loss = loss * 0.0  # dummy pass: keeps FSDP2's collectives in step, adds nothing
         if not math.isfinite(loss.item()):
@@ -522,6 +529,7 @@ class PolicyTrainer:
         cfg, rt, model, params, optimizer = self.cfg, self.rt, self.model, self.params, self.optimizer
         torch.manual_seed(cfg.seed)  # every update starts from the same RNG state, whatever came before
         version = self.version + 1 if policy_version is None else policy_version
+        temperature = cfg.agent.training.temperature  # the rollouts were sampled from softmax(logits / T)
         ref_model = self.ref_model
         if ref_model is None and cfg.grpo.reference_policy_kl_penalty > 0:
             ref_model = build_policy(self.reference_dir, rt)[0].eval()
@@ -533,9 +541,9 @@ class PolicyTrainer:
         # pi_prev is the policy before the first step, for every mini-batch.
         for batch, plan in zip(batches, plans):
             if len(batches) > 1:
-                _forward_pass(model, batch, plan, rt, "prev_logprobs")
+                _forward_pass(model, batch, plan, rt, "prev_logprobs", temperature)
             if ref_model is not None:
-                _forward_pass(ref_model, batch, plan, rt, "ref_logprobs")
+                _forward_pass(ref_model, batch, plan, rt, "ref_logprobs", temperature)
         del ref_model
         if not self.resident_reference:
             self.ref_model = None
@@ -554,7 +562,8 @@ class PolicyTrainer:
                     return clipped_pg_loss(curr, prev, mb.gen_logprobs, mb.advantages, mb.token_mask,
                                            mb.sample_mask, toks, seqs, cfg.grpo, reference_logprobs=mb.ref_logprobs)
 
-                m = _optimizer_step(model, params, optimizer, batch, plan, rt, loss_fn, cfg.effective_grad_clip)
+                m = _optimizer_step(model, params, optimizer, batch, plan, rt, loss_fn, cfg.effective_grad_clip,
+                                    temperature)
                 steps.append({**m, "valid_tokens": int(toks), "num_samples": len(batch)})
         except UpdateAborted:
             if snapshot is not None and steps:
