@@ -274,8 +274,8 @@ def test_nan_gradient_aborts_naming_the_micro_batch(tmp_path, monkeypatch):
     traj, adv = rollouts(src, [(prompt, "22"), (prompt, "333"), (prompt, "4")], [1, 0, 1], cfg)
     real, calls = trainer.token_logprobs, []
 
-    def poisoned(model, mb, rt):  # finite loss, NaN gradient from the second micro-batch
-        lp = real(model, mb, rt)
+    def poisoned(model, mb, rt, temperature=1.0):  # finite loss, NaN gradient from the second micro-batch
+        lp = real(model, mb, rt, temperature)
         calls.append(mb.indices)
         if len(calls) == 2:
             lp.register_hook(lambda g: g * float("nan"))
