@@ -87,7 +87,9 @@ class SandboxConfig(_Strict):
 
 
 class InferenceConfig(_Strict):
-    # managed: we start vLLM ourselves; external: base_urls point at running servers.
+    # managed: we start vLLM ourselves; external: base_urls point at running servers, which must
+    # run with --logprobs-mode processed_logprobs as ours do (tasks/inference/server.py), or at a
+    # training temperature other than 1 their logprobs are not the sampling policy's (is_oob shows it).
     mode: Literal["managed", "external"] = "managed"
     device: Literal["cpu", "gpu"] = "cpu"
     base_urls: list[str] = Field(default_factory=list)
