@@ -190,6 +190,10 @@ class OptimizerConfig(_Strict):
     weight_decay: float = 0.0
     grad_clip: float | None = None
     micro_batch_tokens: int = Field(16384, ge=64)
+    # Samples per AdamW step (NeMo-RL's policy.train_global_batch_size). None: the whole step's
+    # batch in one step, as the reference does. Smaller: ceil(batch / this) steps per GRPO step,
+    # each clipped against the policy that sampled the batch (PPO-style reuse of the rollouts).
+    train_global_batch_size: int | None = Field(None, ge=1)
     freeze_router: bool = True
     # Training processes (torchrun --nproc_per_node); gloo on CPU, NCCL on GPU.
     num_ranks: int = Field(1, ge=1)

@@ -107,6 +107,17 @@ def test_two_optimizer_steps_use_prev_logprobs(tmp_path):
     assert abs(second["probs_ratio_max"] - 1.0) > 1e-3 or abs(second["probs_ratio_min"] - 1.0) > 1e-3
 
 
+def test_train_global_batch_size_sets_the_optimizer_steps(tmp_path):
+    """optimizer.train_global_batch_size = samples per AdamW step: 8 samples at 3 -> steps of 3, 3, 2."""
+    cfg = run_config(lr=1e-3)
+    src = make_policy_dir(tmp_path / "v0")
+    traj, adv = rollouts(src, GROUP, [1, 1, 0, 0, 1, 0, 1, 0], cfg)
+    assert grpo_update(src, traj, adv, cfg, tmp_path / "v1")["optimizer_steps"] == 1  # unset: the reference's one
+    cfg.optimizer.train_global_batch_size = 3
+    m = grpo_update(src, traj, adv, cfg, tmp_path / "v1b")
+    assert m["optimizer_steps"] == 3 and [s["num_samples"] for s in m["per_step"]] == [3, 3, 2]
+
+
 def test_kl_penalty_against_reference(tmp_path):
     cfg = run_config(reference_policy_kl_penalty=0.05)
     src = make_policy_dir(tmp_path / "v0")

@@ -1,7 +1,8 @@
 """The policy update: NeMo-RL's GRPO loss on a Hugging Face model parallelised by NeMo Automodel.
 
 One call = load a checkpoint dir, recompute the policy's logprobs on the trajectory
-tokens, take `optimizer_steps` AdamW steps (default 1: the GRPO reference's one step
+tokens, take `optimizer_steps` AdamW steps (default: one per `optimizer.train_global_batch_size`
+samples; unset, one for the whole batch, the GRPO reference's one step
 per batch), save the next checkpoint dir. Also a supervised mode (SFT) for the warm start.
 `PolicyTrainer` is the load-once-then-step core; tasks/policy/worker.py keeps one alive
 across updates (no per-step process start, model load or AdamW-state load).
@@ -513,17 +514,21 @@ class PolicyTrainer:
         return self.update(samples, num_masked, out_dir, t0=t0, **kw)
 
     def update(self, samples: list[Sample], num_masked: int, out_dir: str | os.PathLike, *,
-               optimizer_steps: int = 1, policy_version: int | None = None, save_optimizer: bool = True,
+               optimizer_steps: int | None = None, policy_version: int | None = None, save_optimizer: bool = True,
                t0: float | None = None) -> dict:
         """One GRPO update on prepared samples; saves checkpoint `out_dir` and moves on to it.
 
-        The batch is split into `optimizer_steps` mini-batches, one AdamW step each. With one
+        The batch is split into `optimizer_steps` mini-batches, one AdamW step each (None: one
+        per `optimizer.train_global_batch_size` samples, or one for the whole batch). With one
         step, pi_prev is the policy before the update, i.e. the current logprobs detached in
         the same pass (ratio 1, gradient through pi). With more, pi_prev comes from a no-grad
         pass before the first step. save_optimizer=False skips optimizer.pt (most of the
         save time); save_optimizer_state() writes it later.
         """
         t0 = time.perf_counter() if t0 is None else t0
+        if optimizer_steps is None:
+            gbs = self.cfg.optimizer.train_global_batch_size
+            optimizer_steps = 1 if gbs is None else max(1, math.ceil(len(samples) / gbs))
         if optimizer_steps < 1:
             raise ValueError("optimizer_steps must be >= 1")
         cfg, rt, model, params, optimizer = self.cfg, self.rt, self.model, self.params, self.optimizer
@@ -629,7 +634,7 @@ def grpo_update(
     cfg: RunConfig,
     out_dir: str | os.PathLike,
     *,
-    optimizer_steps: int = 1,
+    optimizer_steps: int | None = None,
     reference_dir: str | os.PathLike | None = None,
     policy_version: int | None = None,
     keep_optimizer_state: bool = True,
@@ -641,7 +646,7 @@ def grpo_update(
     in the checkpoint dirs unless keep_optimizer_state is False.
     """
     t0 = time.perf_counter()
-    if optimizer_steps < 1:
+    if optimizer_steps is not None and optimizer_steps < 1:
         raise ValueError("optimizer_steps must be >= 1")
     # Check the input before paying for the model load.
     samples, num_masked = prepare_samples(trajectories, advantages, _vocab_size(model_dir))
@@ -826,15 +831,15 @@ EXIT_BAD_INPUT, EXIT_ABORTED = 2, 3
 
 
 def launch_grpo_update(model_dir, trajectories_path, advantages_path, cfg: RunConfig, out_dir, *,
-                       optimizer_steps: int = 1, reference_dir=None, policy_version: int | None = None,
+                       optimizer_steps: int | None = None, reference_dir=None, policy_version: int | None = None,
                        timeout: float | None = None) -> dict:
     """One GRPO update in cfg.optimizer.num_ranks processes, from Parquet files (what a flow calls)."""
     with tempfile.TemporaryDirectory(prefix="rlvr-trainer-") as d:
         config = Path(d) / "run.json"
         config.write_text(cfg.model_dump_json())
         args = ["--model", str(model_dir), "--out", str(out_dir), "--config", str(config),
-                "--trajectories", str(trajectories_path), "--advantages", str(advantages_path),
-                "--optimizer-steps", str(optimizer_steps)]
+                "--trajectories", str(trajectories_path), "--advantages", str(advantages_path)]
+        args += ["--optimizer-steps", str(optimizer_steps)] if optimizer_steps is not None else []
         args += ["--reference", str(reference_dir)] if reference_dir is not None else []
         args += ["--policy-version", str(policy_version)] if policy_version is not None else []
         return run_trainer("grpo", args, cfg.optimizer.num_ranks, timeout)
@@ -870,7 +875,8 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "grpo":
             s.add_argument("--trajectories", required=True, help="trajectories Parquet file")
             s.add_argument("--advantages", required=True, help="advantages Parquet file")
-            s.add_argument("--optimizer-steps", type=int, default=1)
+            s.add_argument("--optimizer-steps", type=int, default=None,
+                           help="default: one per optimizer.train_global_batch_size samples")
             s.add_argument("--reference", help="reference policy dir (needed for a KL penalty)")
             s.add_argument("--fresh-optimizer", action="store_true", help="ignore and do not save AdamW state")
         else:

@@ -95,9 +95,9 @@ def _handle_grpo(trainer, req: dict) -> dict:
     # Input phase: nothing in memory changes, so any error here is harmless.
     err, samples, masked = None, [], 0
     try:
-        steps, version = int(req.get("optimizer_steps", 1)), req.get("policy_version")
-        version = None if version is None else int(version)
-        if steps < 1:
+        steps, version = req.get("optimizer_steps"), req.get("policy_version")
+        steps, version = (None if x is None else int(x) for x in (steps, version))
+        if steps is not None and steps < 1:
             raise ValueError("optimizer_steps must be >= 1")
         samples, masked = trainer.prepare(pq.read_table(req["trajectories"]), pq.read_table(req["advantages"]))
     except Exception as e:
@@ -380,7 +380,7 @@ class TrainerWorker:
     # -- requests
 
     def update(self, trajectories_path, advantages_path, out_dir, policy_version: int | None = None,
-               optimizer_steps: int = 1, *, save_optimizer: bool = True, timeout: float | None = None) -> dict:
+               optimizer_steps: int | None = None, *, save_optimizer: bool = True, timeout: float | None = None) -> dict:
         """One GRPO update; returns its metrics. save_optimizer=False skips writing optimizer.pt
         (the AdamW state stays in memory; stop() writes it into the latest dir)."""
         reply = self._request({"op": "grpo", "trajectories": os.path.abspath(trajectories_path),
