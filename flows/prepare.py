@@ -139,6 +139,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     n, pool_n, foreign = cfg.sft.demonstrations_per_task, cfg.sft.pool_tasks, cfg.sft.pool_foreign_names
     # Settings added later join the digest only when set, so older stores keep their keys.
     extra = ([pool_n] if pool_n else []) + ([foreign] if pool_n and foreign else [])
+    extra += [f"mistakes={cfg.sft.mistake_demonstrations}"] if cfg.sft.mistake_demonstrations else []
     key = (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
            f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.seed, *extra)}.parquet")
     if store.is_committed(key):
@@ -155,7 +156,8 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
 
     def solver(task, sample, sandbox):
         rng = random.Random(f"{cfg.seed}:{task['instance_id']}:{sample}")
-        return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng, max_turns=cfg.agent.max_turns)
+        return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng, max_turns=cfg.agent.max_turns,
+                              mistake_rate=cfg.sft.mistake_demonstrations)
 
     tables = []
     loop = EventLoopThread()

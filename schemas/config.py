@@ -213,6 +213,10 @@ class SFTConfig(_Strict):
     # vocabulary instead of that function's own few names: recalling names from memory is then
     # wrong, and only copying them from the viewed file is right. 0 = the benchmark's own draws.
     pool_foreign_names: float = Field(0.0, ge=0.0, le=1.0)
+    # Share of demonstrations that first make a miscopied edit (one name of old_str wrong, as the
+    # policy's commonest failure), get the tool's error, view the file again and then make the
+    # right edit (tasks/agent/scripted.py). The mistaken turn is never learned. 0 = none.
+    mistake_demonstrations: float = Field(0.0, ge=0.0, le=1.0)
     # Loss weight of the tokens the policy did not generate (system prompt, issue, tool outputs):
     # 0 = completion-only SFT. A randomly initialised model learns to copy from its context
     # (old_str from the viewed file) only from language modelling that context.

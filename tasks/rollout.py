@@ -47,7 +47,7 @@ def episode_row(spec: RolloutSpec, task: dict, sample: int, ep: Episode, policy_
         policy_version=min(ep.policy_versions) if ep.policy_versions else policy_version,
         instance_id=task["instance_id"], group_id=f"s{spec.step:05d}/{task['instance_id']}", sample_index=sample,
         split=spec.split, messages=json.dumps(ep.messages), token_ids=ep.token_ids, loss_mask=ep.loss_mask,
-        generation_logprobs=ep.logprobs, prompt_length=ep.prompt_length, num_turns=ep.num_turns,
+        generation_logprobs=ep.logprobs, mistake_mask=ep.mistake_mask, prompt_length=ep.prompt_length, num_turns=ep.num_turns,
         num_generated_tokens=sum(ep.loss_mask), tool_errors=ep.tool_errors, finish_reason=ep.finish_reason,
         error=ep.error, final_patch=ep.final_patch, generation_seconds=ep.generation_seconds,
         sandbox_seconds=ep.sandbox_seconds, total_seconds=ep.total_seconds,

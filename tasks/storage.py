@@ -180,7 +180,7 @@ class Store:
     def write_table(self, key: str, table: pa.Table, stage: str | None = None, overwrite: bool = False) -> Commit:
         """Validate, write and commit a table. Returns its commit record."""
         stage = stage or _stage_name(key)
-        schema_for(stage).validate(table, stage=f"{stage} @ {key}")
+        table = schema_for(stage).validate(table, stage=f"{stage} @ {key}")
         buf = io.BytesIO()
         # Dictionaries and min/max statistics pay off for ids and labels, not for token/logprob lists:
         # skipping them there halves write time and thirds read time at the same size.
@@ -234,7 +234,7 @@ class Store:
                                                f"expected {want}, got {table.schema.field(name).type}")
         elif validate:
             try:
-                schema_for(stage).validate(table, stage=f"{stage} @ {key}")
+                table = schema_for(stage).validate(table, stage=f"{stage} @ {key}")
             except TableValidationError as e:
                 raise TableValidationError(e.table + " (on read)", e.column, e.row_id, e.rule, e.detail) from None
         return table

@@ -37,6 +37,7 @@ VIOLATIONS = [
     ("trajectories", 2, {"finish_reason": "crashed"}, "finish_reason", "finish_reason_known"),
     ("trajectories", 1, {"num_generated_tokens": 999}, "num_generated_tokens", "generated_count_matches_mask"),
     ("trajectories", 1, {"rollout_id": "run-test/s1/task-0/0"}, "rollout_id", "unique"),
+    ("trajectories", 2, {"mistake_mask": [0, 1]}, "mistake_mask", "mistake_mask_aligned"),
     ("rewards", 1, {"reward": 0.5}, "reward", "reward_binary"),
     ("rewards", 2, {"grading_status": "graded"}, "reward", "reward_iff_graded"),
     ("rewards", 0, {"test_statuses": "[]"}, "test_statuses", "test_statuses_json"),
@@ -82,6 +83,12 @@ def test_missing_and_unexpected_columns():
         REWARDS.validate(t.drop_columns(["attempts"]))
     with pytest.raises(TableValidationError, match="known_columns"):
         REWARDS.validate(t.append_column("surprise", pa.array([1])))
+
+
+def test_trajectories_stored_before_mistake_mask_read_it_as_null():
+    t = TRAJECTORIES.from_rows([R.trajectory_row(i) for i in range(2)]).drop_columns(["mistake_mask"])
+    back = TRAJECTORIES.validate(t)
+    assert back["mistake_mask"].null_count == 2 and back.schema == TRAJECTORIES.arrow_schema
 
 
 def test_tasks_keep_extra_r2e_columns():

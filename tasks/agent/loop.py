@@ -52,6 +52,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: str  # "stop" (ended with the end-of-turn token) or "length"
     prompt_token_ids: list[int] | None = None  # what the server saw, when it says
+    mistake: bool = False  # a scripted demonstration's deliberate mistake: kept in the episode, never learned
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Episode:
     error: str | None = None
     final_patch: str = ""
     policy_versions: list[int] = field(default_factory=list)
+    mistake_mask: list[int] | None = None  # set once a completion is a deliberate mistake
     generation_seconds: float = 0.0
     sandbox_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -161,10 +163,14 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
     box = ToolBox(sandbox, command_timeout_s, observation_cap_chars, style=prompt_style)
 
-    def append(ids: list[int], generated: bool, logprobs: list[float] | None = None):
+    def append(ids: list[int], generated: bool, logprobs: list[float] | None = None, mistake: bool = False):
+        if mistake and ep.mistake_mask is None:
+            ep.mistake_mask = [0] * len(ep.token_ids)
+        if ep.mistake_mask is not None:
+            ep.mistake_mask += [1 if mistake else 0] * len(ids)
         ep.token_ids += ids
-        ep.loss_mask += [1 if generated else 0] * len(ids)
-        ep.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        ep.loss_mask += [1 if generated and not mistake else 0] * len(ids)
+        ep.logprobs += logprobs if logprobs is not None and not mistake else [0.0] * len(ids)
 
     for turn in range(max_turns):
         if time.monotonic() - started > episode_timeout_s:
@@ -182,7 +188,7 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
                                       f"{len(ep.token_ids)} (first difference at "
                                       f"{_first_difference(out.prompt_token_ids, ep.token_ids)})")
         ep.policy_versions.append(getattr(out, "policy_version", policy.version))
-        append(list(out.token_ids), True, list(out.logprobs))
+        append(list(out.token_ids), True, list(out.logprobs), mistake=out.mistake)
         ep.num_turns = turn + 1
         text = tokenizer.decode(out.token_ids, skip_special_tokens=False)
         content, calls, errors = parse_tool_calls(text.removesuffix(IM_END))

@@ -3,13 +3,18 @@
 It knows the gold patch and turns it into the tool calls a competent agent would
 make: (sometimes search for the function,) view the file, `str_replace` each
 hunk with just enough context to be unique, (sometimes run the reproduction from
-the issue,) then `finish`. Its turns go through the same loop, tools, sandbox
+the issue,) then `finish`. With `mistake_rate`, some demonstrations first make the
+policy's commonest error, an `old_str` recalled instead of copied (one name in it
+wrong), read the tool's error, view the file again and copy the edit exactly: a
+policy that never saw an error recovered from submits after its first failed edit.
+The mistaken turn is marked so that no loss learns it. Its turns go through the same loop, tools, sandbox
 and tokenizer as the policy's, so a demonstration is token-for-token the kind
 of trajectory the policy will later sample. Train-split tasks only.
 """
 
 from __future__ import annotations
 
+import keyword
 import random
 import re
 from dataclasses import dataclass
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 from tasks.agent.loop import Completion
 
 IMPORT_RE = re.compile(r">>> from ([\w.]+) import (\w+)")
+NAME_RE = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
 @dataclass
@@ -90,14 +96,31 @@ def unique_edit(text: str, h: Hunk) -> tuple[str, str]:
     raise ValueError(f"no unique str_replace for the hunk in {h.path}")
 
 
+def miscopy(old_str: str, new_str: str, text: str, rng: random.Random) -> tuple[str, str] | None:
+    """old_str/new_str with one name swapped for another name of the file, so that old_str no
+    longer occurs in it: the edit a policy makes when it recalls a line instead of copying it."""
+    names = [m for m in NAME_RE.finditer(old_str) if not keyword.iskeyword(m.group())]
+    others = sorted({n for n in NAME_RE.findall(text) if not keyword.iskeyword(n)})
+    for _ in range(20):
+        if not names or len(others) < 2:
+            return None
+        m = rng.choice(names)
+        other = rng.choice([n for n in others if n != m.group()])
+        bad = old_str[:m.start()] + other + old_str[m.end():]
+        if bad not in text:
+            return bad, re.sub(rf"\b{re.escape(m.group())}\b", other, new_str, count=1)
+    return None
+
+
 class ScriptedSolver:
     """Implements the loop's Policy protocol; `version` -1 marks demonstrations in trajectories."""
 
     version = -1
 
-    def __init__(self, task: dict, gold_patch: str, sandbox, tokenizer, rng: random.Random, max_turns: int = 30):
+    def __init__(self, task: dict, gold_patch: str, sandbox, tokenizer, rng: random.Random, max_turns: int = 30,
+                 mistake_rate: float = 0.0):
         self.task, self.patch, self.sandbox, self.tok, self.rng = task, gold_patch, sandbox, tokenizer, rng
-        self.max_turns = max_turns
+        self.max_turns, self.mistake_rate = max_turns, mistake_rate
         self.turns: list[dict] | None = None
         self.i = 0
 
@@ -111,13 +134,24 @@ class ScriptedSolver:
         if m and optional >= 1 and self.rng.random() < 0.25:
             optional -= 1
             turns.append({"name": "search", "arguments": {"search_term": f"def {m.group(2)}", "path": "/testbed"}})
+        # The mistake and the second view of the file take two turns.
+        mistake = optional >= 2 and self.rng.random() < self.mistake_rate
+        optional -= 2 if mistake else 0
         edits = []
         for path in dict.fromkeys(h.path for h in hunks):
             full = f"/testbed/{path}"
             text = self.sandbox.read_file(full)
-            turns.append({"name": "file_editor", "arguments": {"command": "view", "path": full}})
+            view = {"name": "file_editor", "arguments": {"command": "view", "path": full}}
+            turns.append(view)
             for h in (h for h in hunks if h.path == path):
                 old, new = unique_edit(text, h)
+                bad = miscopy(old, new, text, self.rng) if mistake else None
+                if bad is not None:
+                    mistake = False  # one per demonstration
+                    edits.append({"name": "file_editor", "mistake": True,
+                                  "arguments": {"command": "str_replace", "path": full,
+                                                "old_str": bad[0], "new_str": bad[1]}})
+                    edits.append(view)
                 text = text.replace(old, new)
                 edits.append({"name": "file_editor", "arguments": {"command": "str_replace", "path": full,
                                                                    "old_str": old, "new_str": new}})
@@ -134,10 +168,11 @@ class ScriptedSolver:
 
         if self.turns is None:
             self.turns = self._plan()
-        call = self.turns[min(self.i, len(self.turns) - 1)]
+        call = dict(self.turns[min(self.i, len(self.turns) - 1)])
         self.i += 1
+        mistake = call.pop("mistake", False)
         ids = encode(self.tok, assistant_text(None, [call]))
-        return Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
+        return Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", mistake=mistake)
 
 
 def _reproduction(problem: str) -> str | None:
