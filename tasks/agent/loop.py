@@ -188,7 +188,8 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
                                       f"{len(ep.token_ids)} (first difference at "
                                       f"{_first_difference(out.prompt_token_ids, ep.token_ids)})")
         ep.policy_versions.append(getattr(out, "policy_version", policy.version))
-        append(list(out.token_ids), True, list(out.logprobs), mistake=out.mistake)
+        # Only a scripted demonstration makes deliberate mistakes; inference clients' replies have no such field.
+        append(list(out.token_ids), True, list(out.logprobs), mistake=getattr(out, "mistake", False))
         ep.num_turns = turn + 1
         text = tokenizer.decode(out.token_ids, skip_special_tokens=False)
         content, calls, errors = parse_tool_calls(text.removesuffix(IM_END))
