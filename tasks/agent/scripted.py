@@ -3,13 +3,15 @@
 It knows the gold patch and turns it into the tool calls a competent agent would
 make: (sometimes search for the function,) view the file, `str_replace` each
 hunk with just enough context to be unique, (sometimes run the reproduction from
-the issue,) then `finish`. With `mistake_rate`, some demonstrations first make the
-policy's commonest error, an `old_str` recalled instead of copied (one name in it
-wrong), read the tool's error, view the file again and copy the edit exactly: a
-policy that never saw an error recovered from submits after its first failed edit.
-The mistaken turn is marked so that no loss learns it. Its turns go through the same loop, tools, sandbox
+the issue,) then `finish`. Its turns go through the same loop, tools, sandbox
 and tokenizer as the policy's, so a demonstration is token-for-token the kind
 of trajectory the policy will later sample. Train-split tasks only.
+
+With `mistake_rate`, some demonstrations first make the policy's commonest error,
+an `old_str` recalled instead of copied (one name in it wrong), read the tool's
+error, view the file again and copy the edit exactly: a policy that never saw an
+error recovered from submits after its first failed edit. The mistaken turn is
+marked (Completion.mistake) so that no loss learns it.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
@@ -700,13 +701,11 @@ def sft_samples(demonstrations: pa.Table | list[dict], model_dir, context_loss_w
 
 def _mistake_masks(demonstrations: pa.Table | list[dict]) -> dict[str, np.ndarray]:
     """rollout_id -> mistake_mask, for the demonstrations that hold a deliberate mistake."""
-    if isinstance(demonstrations, list):
-        demonstrations = pa.Table.from_pylist(demonstrations)
-    if "mistake_mask" not in demonstrations.column_names:
-        return {}
-    ids = demonstrations.column("rollout_id").to_pylist()
-    masks = demonstrations.column("mistake_mask").to_pylist()
-    return {rid: np.asarray(m, dtype=np.int8) for rid, m in zip(ids, masks) if m is not None}
+    if isinstance(demonstrations, pa.Table) and "mistake_mask" not in demonstrations.column_names:
+        return {}  # stored before the column existed
+    t = _table(demonstrations, ["rollout_id", "mistake_mask"])
+    t = t.filter(pc.is_valid(t["mistake_mask"]))
+    return dict(zip(t.column("rollout_id").to_pylist(), _list_column(t, "mistake_mask"))) if t.num_rows else {}
 
 
 def sft_loss(batch: list[Sample]):

@@ -380,7 +380,8 @@ class TrainerWorker:
     # -- requests
 
     def update(self, trajectories_path, advantages_path, out_dir, policy_version: int | None = None,
-               optimizer_steps: int | None = None, *, save_optimizer: bool = True, timeout: float | None = None) -> dict:
+               optimizer_steps: int | None = None, *, save_optimizer: bool = True,
+               timeout: float | None = None) -> dict:
         """One GRPO update; returns its metrics. save_optimizer=False skips writing optimizer.pt
         (the AdamW state stays in memory; stop() writes it into the latest dir)."""
         reply = self._request({"op": "grpo", "trajectories": os.path.abspath(trajectories_path),
