@@ -68,10 +68,10 @@ def main():
     print(f"\n{'task':44s} first  last")
     for i in fixed:
         print(f"{i:44s} {first.get(i, float('nan')):.2f}  {last.get(i, float('nan')):.2f}")
-    half = max(1, len(per_step) // 3)
-    early = statistics.mean(statistics.mean(s.values()) for s in per_step[:half])
-    late = statistics.mean(statistics.mean(s.values()) for s in per_step[-half:])
-    print(f"\nmean reward, first {half} steps {early:.3f}, last {half} steps {late:.3f} ({late - early:+.3f})")
+    n = max(1, len(per_step) // 3)
+    early = statistics.mean(statistics.mean(s.values()) for s in per_step[:n])
+    late = statistics.mean(statistics.mean(s.values()) for s in per_step[-n:])
+    print(f"\nmean reward, first {n} steps {early:.3f}, last {n} steps {late:.3f} ({late - early:+.3f})")
 
 
 if __name__ == "__main__":

@@ -14,10 +14,14 @@ from safetensors.torch import load_file
 
 
 def drift(base: dict, other: dict) -> tuple[float, float, str]:
-    num = sum(float(((other[k].float() - base[k].float()) ** 2).sum()) for k in base)
-    den = sum(float((base[k].float() ** 2).sum()) for k in base)
-    biggest = max(base, key=lambda k: float((other[k].float() - base[k].float()).abs().max()))
-    return (num / den) ** 0.5, float((other[biggest].float() - base[biggest].float()).abs().max()), biggest
+    num = den = biggest = 0.0
+    name = ""
+    for k, w in base.items():
+        d = other[k].float() - w.float()
+        num, den = num + float((d ** 2).sum()), den + float((w.float() ** 2).sum())
+        if float(d.abs().max()) > biggest:
+            biggest, name = float(d.abs().max()), k
+    return (num / den) ** 0.5, biggest, name
 
 
 def main() -> None:
