@@ -163,7 +163,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     loop = EventLoopThread()
     try:
         for rows, samples in ((train, n), (pool, 1)):
-            if not rows:
+            if not rows or not samples:
                 continue
             spec = RolloutSpec(run_id="demonstrations", step=0, split="train", samples_per_task=samples,
                                temperature=0.0, top_p=1.0)

@@ -204,7 +204,10 @@ class SFTConfig(_Strict):
     minutes: float = Field(4.0, gt=0)
     max_steps: int | None = None
     batch_size: int = Field(32, ge=1)
-    demonstrations_per_task: int = Field(2, ge=1)
+    # Demonstrations per benchmark training task. 0 = the warm start sees none of the tasks RL
+    # trains on (as a real base model has not seen the RL prompts), only the pool's: measured, GRPO
+    # on prompts the warm start was fine-tuned on learns those instances and nothing that transfers.
+    demonstrations_per_task: int = Field(2, ge=0)
     # Mini benchmark: demonstrations on up to this many extra generated training-distribution tasks
     # (one each), none of which is a benchmark task or shares a validation task's keys
     # (tasks/dataset/mini.py: generate_pool). 0 = the benchmark's training tasks only.
@@ -232,6 +235,13 @@ class SFTConfig(_Strict):
     # demonstrations of 450-770 tokens ran 1.3x faster split into length-sorted micro-batches of
     # <= 1,600 tokens than as one padded block (tests/bench/bench_sft.py).
     micro_batch_tokens: int | None = Field(None, ge=64)
+
+    @model_validator(mode="after")
+    def _has_demonstrations(self):
+        if self.demonstrations_per_task == 0 and self.pool_tasks == 0:
+            raise ValueError("sft.demonstrations_per_task=0 needs sft.pool_tasks > 0: "
+                             "the warm start would have no demonstrations")
+        return self
 
 
 class EvalConfig(_Strict):

@@ -141,3 +141,22 @@ def test_prepare_builds_the_sandbox_image_a_fresh_machine_lacks(monkeypatch):
     prepare.sandbox_image.fn(load_config("mini", ["sandbox.backend=docker"]))
     prepare.sandbox_image.fn(load_config("qwen35_397b_grpo"))  # R2E tasks bring their own images
     assert calls == [False, True]
+
+
+def test_warm_start_can_leave_the_rl_tasks_unseen(smoke_prepared):
+    # sft.demonstrations_per_task=0: demonstrations come from the generated pool only, so no task
+    # GRPO trains on was fine-tuned on (GRPO on fine-tuned prompts learned instances, README).
+    from flows.prepare import demonstrations
+    from flows.runtime import load_tasks
+    from tasks.storage import Store
+
+    cfg = load_config("smoke", {**smoke_overrides(), "sft": {"demonstrations_per_task": 0, "pool_tasks": 4}})
+    store = Store.from_config(cfg.storage)
+    key = demonstrations.fn(cfg, store, smoke_prepared["tasks"], smoke_prepared["model"])
+    assert key != smoke_prepared["demonstrations"]
+    demos = store.read_table(key, columns=["instance_id", "finish_reason"], stage="demonstrations").to_pylist()
+    benchmark = load_tasks(store, smoke_prepared["tasks"])
+    assert 0 < len(demos) <= 4 and all(d["finish_reason"] == "submitted" for d in demos)
+    assert not {d["instance_id"] for d in demos} & set(benchmark)
+    with pytest.raises(ConfigError, match="sft.demonstrations_per_task=0 needs sft.pool_tasks"):
+        load_config("smoke", ["sft.demonstrations_per_task=0"])
