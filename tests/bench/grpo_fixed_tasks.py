@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import pathlib
 import statistics
 import sys
 import time
@@ -32,38 +31,23 @@ def main():
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
-    from flows.main import prefect_defaults
-
-    prefect_defaults()
-    from flows.grpo_iteration import grpo_iteration
-    from flows.prepare import prepare_run_context
     from flows.runtime import RunContext
-    from schemas.presets import parse_overrides
+    from grpo_steps import bench_context, grpo_steps, pin_split
     from tasks.dataset.order import training_order
 
-    run_id = f"bench-fixed-{int(time.time())}"
-    overrides = parse_overrides(args.overrides + ["grpo.async_rollouts=false",
-                                                  f"grpo.prompts_per_step={args.tasks}"])
-    ctx, _ = prepare_run_context(args.preset, overrides, run_id, dataset_only=True)
+    ctx = bench_context(args.preset, args.overrides, args.tasks, f"bench-fixed-{int(time.time())}")
     fixed = sorted(training_order(RunContext.split_ids(ctx, "train"), 0, ctx.cfg.seed)[:args.tasks])
     # Every step's batch is the whole fixed set: training_batch cycles through `fixed` alone.
-    ctx.split_ids = lambda split: fixed if split == "train" else RunContext.split_ids(ctx, split)
-    ctx.start_policy(pathlib.Path(args.checkpoint), 0)
+    pin_split(ctx, "train", fixed)
     per_step = []
-    try:
-        for step in range(1, args.steps + 1):
-            grpo_iteration(ctx, step)
-            rewards = [r for r in ctx.store.read_stage(run_id, step, "rewards").to_pylist()
-                       if r["reward"] is not None]  # infra errors are not zeros
-            by_task = collections.defaultdict(list)
-            for r in rewards:
-                by_task[r["instance_id"]].append(r["reward"])
-            per_step.append({i: statistics.mean(v) for i, v in by_task.items()})
-            mixed = sum(0 < m < 1 for m in per_step[-1].values())
-            print(f"step {step}: mean reward {statistics.mean(r['reward'] for r in rewards):.3f} "
-                  f"({mixed}/{len(by_task)} tasks mixed)", flush=True)
-    finally:
-        ctx.close()
+    for step, rewards in grpo_steps(ctx, args.checkpoint, args.steps):
+        by_task = collections.defaultdict(list)
+        for r in rewards:
+            by_task[r["instance_id"]].append(r["reward"])
+        per_step.append({i: statistics.mean(v) for i, v in by_task.items()})
+        mixed = sum(0 < m < 1 for m in per_step[-1].values())
+        print(f"step {step}: mean reward {statistics.mean(r['reward'] for r in rewards):.3f} "
+              f"({mixed}/{len(by_task)} tasks mixed)", flush=True)
     first, last = per_step[0], per_step[-1]
     print(f"\n{'task':44s} first  last")
     for i in fixed:

@@ -8,7 +8,7 @@ has never seen any of these tasks, so the training reward of step k is a held-ou
 of the policy after k-1 updates: if it rises, what GRPO learns transfers to new instances.
 
     python tests/bench/grpo_fresh_tasks.py CHECKPOINT_DIR [--prompts 32] [--steps 40] [overrides ...]
-    python tests/bench/grpo_fresh_tasks.py CHECKPOINT_DIR --compare CKPT... [--heldout 128] [...]
+    python tests/bench/grpo_fresh_tasks.py CHECKPOINT_DIR --compare CKPT [--compare CKPT ...] [--heldout 128] [...]
 
 --compare evaluates the base CHECKPOINT_DIR and each CKPT (pass@k at the validation sampling, as
 the evaluation flow does) on fresh tasks that a run with the same --prompts/--steps/--pool-seed
@@ -32,20 +32,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def fresh_tasks(ctx, n: int, seed: int) -> list[dict]:
-    """At least n generated tasks (pools of seeds seed, seed+1, ... until there are n) sharing no buggy function or issue text with any task the
-    benchmark or the SFT pool holds; their environments stored like the pool's."""
+    """At least n generated tasks (pools of seeds seed, seed+1, ... until there are n), sharing no
+    buggy function or issue text with any task the benchmark or the SFT pool holds; their
+    environments stored like the pool's. The same arguments give the same tasks in the same order."""
     from tasks.dataset import mini
     from tasks.dataset.build import mini_dataset_id, pool_key
 
     cfg = ctx.cfg
     benchmark = list(ctx.tasks.values())
     seen = set()
-    sft_pool = pool_key(mini_dataset_id(cfg.dataset, cfg.sandbox.image), cfg.sft.pool_tasks, cfg.sft.pool_foreign_names)
+    did = mini_dataset_id(cfg.dataset, cfg.sandbox.image)
+    sft_pool = pool_key(did, cfg.sft.pool_tasks, cfg.sft.pool_foreign_names)
     sft_rows = ctx.store.read_table(sft_pool, stage="tasks").to_pylist() if cfg.sft.pool_tasks else []
     for row in benchmark + sft_rows:
         seen.add(json.loads(row["parsed_commit_content"])["metadata"]["buggy_function"])
         seen.add(row["problem_statement"])
-    did = mini_dataset_id(cfg.dataset, cfg.sandbox.image)
     rows = []
     # Most generated tasks repeat a function body the SFT pool holds (few sites per family).
     while len(rows) < n:
@@ -75,29 +76,27 @@ def main():
     ap.add_argument("--prompts", type=int, default=32, help="fresh tasks per step")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--pool-seed", type=int, default=1000)
-    ap.add_argument("--compare", nargs="+", default=None, help="checkpoints to evaluate on held-out fresh tasks")
+    # Repeated, not nargs="+": a list option would also swallow the overrides after it.
+    ap.add_argument("--compare", action="append", metavar="CKPT", help="a checkpoint to evaluate on held-out fresh "
+                    "tasks (repeat for more)")
     ap.add_argument("--heldout", type=int, default=128)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
-    from flows.main import prefect_defaults
-
-    prefect_defaults()
     from flows.evaluate import evaluation
-    from flows.grpo_iteration import checkpoint_key, grpo_iteration
-    from flows.prepare import prepare_run_context
-    from flows.runtime import RunContext
-    from schemas.presets import parse_overrides
+    from flows.grpo_iteration import checkpoint_key
+    from grpo_steps import bench_context, grpo_steps, pin_split
 
     run_id = f"bench-fresh{'-compare' if args.compare else ''}-{int(time.time())}"
-    overrides = parse_overrides(args.overrides + ["grpo.async_rollouts=false",
-                                                  f"grpo.prompts_per_step={args.prompts}"])
-    ctx, _ = prepare_run_context(args.preset, overrides, run_id, dataset_only=True)
+    ctx = bench_context(args.preset, args.overrides, args.prompts, run_id)
     used = args.prompts * args.steps
-    rows = fresh_tasks(ctx, used + (args.heldout if args.compare else 0), args.pool_seed)
+    need = used + (args.heldout if args.compare else 0)
+    rows = fresh_tasks(ctx, need, args.pool_seed)
+    if len(rows) < need:
+        sys.exit(f"only {len(rows)} fresh tasks, {need} needed")
+    ctx.tasks.update({r["instance_id"]: r for r in rows[:need]})
     if args.compare:
-        heldout = sorted(r["instance_id"] for r in rows[used:used + args.heldout])
-        ctx.tasks.update({r["instance_id"]: r for r in rows[used:used + args.heldout]})
-        ctx.split_ids = lambda split: heldout if split == "validation" else RunContext.split_ids(ctx, split)
+        heldout = sorted(r["instance_id"] for r in rows[used:need])
+        pin_split(ctx, "validation", heldout)
         ctx.start_policy(pathlib.Path(args.checkpoint), 0, trainer=False)
         try:
             results = [("base", evaluation(ctx, 0))]
@@ -110,29 +109,16 @@ def main():
         for name, row in results:
             print(f"  pass@{row['k']} {row['pass_at_k']:.3f}  pass@1 {row['pass_at_1']:.3f}  {name}")
         return
-    if len(rows) < args.prompts * args.steps:
-        sys.exit(f"only {len(rows)} fresh tasks for {args.steps} steps of {args.prompts}")
-    ctx.tasks.update({r["instance_id"]: r for r in rows})
-    fresh = [r["instance_id"] for r in rows[:args.prompts * args.steps]]
-    # Step k's batch is fresh[(k-1)*P : k*P] (training_batch's fixed order over exactly steps*P ids
-    # never repeats one within the run).
-    ctx.split_ids = lambda split: fresh if split == "train" else RunContext.split_ids(ctx, split)
-    ctx.start_policy(pathlib.Path(args.checkpoint), 0)
+    # training_batch's seeded order over exactly steps x prompts ids uses each once in the run.
+    pin_split(ctx, "train", [r["instance_id"] for r in rows[:used]])
     means = []
-    try:
-        for step in range(1, args.steps + 1):
-            grpo_iteration(ctx, step)
-            rewards = [r["reward"] for r in ctx.store.read_stage(run_id, step, "rewards").to_pylist()
-                       if r["reward"] is not None]  # infra errors are not zeros
-            means.append(statistics.mean(rewards))
-            print(f"step {step}: mean reward on {args.prompts} new tasks {means[-1]:.3f}", flush=True)
-    finally:
-        ctx.close()
+    for step, rewards in grpo_steps(ctx, args.checkpoint, args.steps):
+        means.append(statistics.mean(r["reward"] for r in rewards))
+        print(f"step {step}: mean reward on {args.prompts} new tasks {means[-1]:.3f}", flush=True)
     n = max(1, len(means) // 4)
     early, late = statistics.mean(means[:n]), statistics.mean(means[-n:])
     print(f"\nmean reward on new tasks, first {n} steps {early:.3f}, last {n} steps {late:.3f} ({late - early:+.3f})")
     print(f"checkpoints: {ctx.store.uri(checkpoint_key(run_id, args.steps))} (and every step before)")
-
 
 if __name__ == "__main__":
     main()
