@@ -140,6 +140,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     # Settings added later join the digest only when set, so older stores keep their keys.
     extra = ([pool_n] if pool_n else []) + ([foreign] if pool_n and foreign else [])
     extra += [f"mistakes={cfg.sft.mistake_demonstrations}"] if cfg.sft.mistake_demonstrations else []
+    extra += [f"blind={cfg.sft.blind_edit_demonstrations}"] if cfg.sft.blind_edit_demonstrations else []
     key = (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
            f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.seed, *extra)}.parquet")
     if store.is_committed(key):
@@ -157,7 +158,8 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     def solver(task, sample, sandbox):
         rng = random.Random(f"{cfg.seed}:{task['instance_id']}:{sample}")
         return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng, max_turns=cfg.agent.max_turns,
-                              mistake_rate=cfg.sft.mistake_demonstrations)
+                              mistake_rate=cfg.sft.mistake_demonstrations,
+                              blind_rate=cfg.sft.blind_edit_demonstrations)
 
     tables = []
     loop = EventLoopThread()

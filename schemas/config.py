@@ -220,6 +220,10 @@ class SFTConfig(_Strict):
     # policy's commonest failure), get the tool's error, view the file again and then make the
     # right edit (tasks/agent/scripted.py). The mistaken turn is never learned. 0 = none.
     mistake_demonstrations: float = Field(0.0, ge=0.0, le=1.0)
+    # Share of demonstrations in which the scripted solver, which knows the file, edits without
+    # viewing or searching it first (tasks/agent/scripted.py): a student that imitates them learns to
+    # edit unread code now and then, a habit more imitation keeps and the reward removes. 0 = none.
+    blind_edit_demonstrations: float = Field(0.0, ge=0.0, le=1.0)
     # Loss weight of the tokens the policy did not generate (system prompt, issue, tool outputs):
     # 0 = completion-only SFT. A randomly initialised model learns to copy from its context
     # (old_str from the viewed file) only from language modelling that context.

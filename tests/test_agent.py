@@ -197,6 +197,26 @@ def test_scripted_solver_recovers_from_a_marked_mistake(calc_sandbox, r2e_tasks,
     assert weights[marked[0] - 2] == 1 and weights[marked[-1]] == 1  # the context around it still counts
 
 
+def test_scripted_solver_blind_edit_skips_looking_and_still_fixes(calc_sandbox, r2e_tasks, tokenizer, sandbox_store):
+    """blind_rate=1: no search and no view, the edit straight away (the solver knows the file), and
+    the patch is right; blind_rate=0 draws nothing more, so older demonstrations are unchanged."""
+    from tasks.grading import grade_patch
+
+    task = r2e_tasks["calc"]
+    # Planning reads the file, so compare plans before the episode edits it.
+    plans = [ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(s), blind_rate=0.0,
+                            mistake_rate=0.5)._plan() for s in range(8)]
+    assert plans == [ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(s),
+                                    mistake_rate=0.5)._plan() for s in range(8)]
+    assert all(any(c["arguments"].get("command") == "view" for c in p) for p in plans)
+    solver = ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(0), blind_rate=1.0,
+                            mistake_rate=1.0)
+    ep = _episode(calc_sandbox, solver, tokenizer)
+    calls = [json.loads(m["tool_calls"][0]["function"]["arguments"]) for m in ep.messages if m.get("tool_calls")]
+    assert [c.get("command") for c in calls] == ["str_replace", "submit"] and ep.tool_errors == 0
+    assert grade_patch(task["row"], ep.final_patch, sandbox_cfg("bwrap"), sandbox_store).reward == 1.0
+
+
 def test_miscopy_changes_one_name_so_old_str_no_longer_matches():
     text = "def area(width, height):\n    return width * height\n"
     for seed in range(20):

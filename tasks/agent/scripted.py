@@ -12,6 +12,12 @@ an `old_str` recalled instead of copied (one name in it wrong), read the tool's
 error, view the file again and copy the edit exactly: a policy that never saw an
 error recovered from submits after its first failed edit. The mistaken turn is
 marked (Completion.mistake) so that no loss learns it.
+
+With `blind_rate`, some demonstrations skip looking: no search, no view, straight to the edit.
+The solver can, since it holds the gold patch and the file; a student imitating it cannot, and
+learns to sometimes edit code it has not read. That is how demonstrations by a privileged expert
+go wrong for a student (the imitation gap): no amount of further imitation removes the habit,
+while a reward for fixed tests does, which is the lift RL is measured on here.
 """
 
 from __future__ import annotations
@@ -120,9 +126,9 @@ class ScriptedSolver:
     version = -1
 
     def __init__(self, task: dict, gold_patch: str, sandbox, tokenizer, rng: random.Random, max_turns: int = 30,
-                 mistake_rate: float = 0.0):
+                 mistake_rate: float = 0.0, blind_rate: float = 0.0):
         self.task, self.patch, self.sandbox, self.tok, self.rng = task, gold_patch, sandbox, tokenizer, rng
-        self.max_turns, self.mistake_rate = max_turns, mistake_rate
+        self.max_turns, self.mistake_rate, self.blind_rate = max_turns, mistake_rate, blind_rate
         self.turns: list[dict] | None = None
         self.i = 0
 
@@ -133,18 +139,21 @@ class ScriptedSolver:
         m = IMPORT_RE.search(self.task["problem_statement"])
         turns = []
         optional = self.max_turns - (len(hunks) + len({h.path for h in hunks}) + 1)  # turns to spare
-        if m and optional >= 1 and self.rng.random() < 0.25:
+        # Drawn only when asked for, so that the other demonstrations' draws stay as they were.
+        blind = self.blind_rate > 0 and self.rng.random() < self.blind_rate
+        if m and optional >= 1 and not blind and self.rng.random() < 0.25:
             optional -= 1
             turns.append({"name": "search", "arguments": {"search_term": f"def {m.group(2)}", "path": "/testbed"}})
         # The mistake and the second view of the file take two turns.
-        mistake = optional >= 2 and self.rng.random() < self.mistake_rate
+        mistake = optional >= 2 and not blind and self.rng.random() < self.mistake_rate
         optional -= 2 if mistake else 0
         edits = []
         for path in dict.fromkeys(h.path for h in hunks):
             full = f"/testbed/{path}"
             text = self.sandbox.read_file(full)
             view = {"name": "file_editor", "arguments": {"command": "view", "path": full}}
-            turns.append(view)
+            if not blind:
+                turns.append(view)
             for h in (h for h in hunks if h.path == path):
                 old, new = unique_edit(text, h)
                 bad = miscopy(old, new, text, self.rng) if mistake else None
