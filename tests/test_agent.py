@@ -203,12 +203,22 @@ def test_scripted_solver_blind_edit_skips_looking_and_still_fixes(calc_sandbox, 
     from tasks.grading import grade_patch
 
     task = r2e_tasks["calc"]
-    # Planning reads the file, so compare plans before the episode edits it.
-    plans = [ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(s), blind_rate=0.0,
-                            mistake_rate=0.5)._plan() for s in range(8)]
-    assert plans == [ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(s),
-                                    mistake_rate=0.5)._plan() for s in range(8)]
-    assert all(any(c["arguments"].get("command") == "view" for c in p) for p in plans)
+
+    def plan(seed, **kw):
+        rng = random.Random(seed)
+        turns = ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, rng, mistake_rate=0.5, **kw)._plan()
+        return turns, rng.random()  # the next draw tells how many draws planning used
+
+    # Planning reads the file, so plan before the episode edits it.
+    plans = [plan(s, blind_rate=0.0) for s in range(8)]
+    assert all(any(c["arguments"].get("command") == "view" for c in p) for p, _ in plans)
+    # A blind draw that comes out "look" shifts the stream by one: blind_rate=0 must not draw it.
+    looked = [plan(s, blind_rate=1e-12) for s in range(8)]
+    assert all(b[1] != a[1] for a, b in zip(plans, looked))
+    mixed = [plan(s, blind_rate=0.5)[0] for s in range(40)]
+    blind = [p for p in mixed if p[0]["arguments"].get("command") == "str_replace"]
+    assert 0 < len(blind) < len(mixed)
+    assert not any(c["name"] == "search" or c["arguments"].get("command") == "view" for p in blind for c in p)
     solver = ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(0), blind_rate=1.0,
                             mistake_rate=1.0)
     ep = _episode(calc_sandbox, solver, tokenizer)

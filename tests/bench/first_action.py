@@ -29,11 +29,9 @@ def first_action(messages) -> str:
 
 
 def table(store: Store, run_id: str, step: int, prefix: str) -> dict:
-    d = f"runs/{run_id}/step-{step:05d}"
-    if not store.exists(f"{d}/{prefix}trajectories.parquet"):
-        return {}
-    traj = store.read_table(f"{d}/{prefix}trajectories.parquet", stage=f"{prefix}trajectories")
-    rew = store.read_table(f"{d}/{prefix}rewards.parquet", stage=f"{prefix}rewards")
+    """{first action: [episodes, summed reward]} of one step's committed stage."""
+    traj = store.read_stage(run_id, step, f"{prefix}trajectories", columns=["rollout_id", "messages"])
+    rew = store.read_stage(run_id, step, f"{prefix}rewards", columns=["rollout_id", "reward"])
     reward = dict(zip(rew["rollout_id"].to_pylist(), rew["reward"].to_pylist()))
     out = collections.defaultdict(lambda: [0, 0.0])
     for rid, msgs in zip(traj["rollout_id"].to_pylist(), traj["messages"].to_pylist()):
@@ -46,16 +44,19 @@ def table(store: Store, run_id: str, step: int, prefix: str) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("run_id")
-    ap.add_argument("--steps", default=None, help="comma-separated; default: every step")
+    ap.add_argument("--steps", default=None, help="comma-separated; default: every committed step")
     ap.add_argument("--eval", action="store_true", help="evaluations instead of training rollouts")
     ap.add_argument("--store", default="file://.rlvr/store")
+    ap.add_argument("--endpoint-url", default=None)
     a = ap.parse_args()
-    store = Store(a.store)
-    steps = [int(s) for s in a.steps.split(",")] if a.steps else range(0, 1000)
+    store = Store(a.store, a.endpoint_url)
+    prefix = "eval_" if a.eval else ""
+    # One listing of the run's commit markers instead of probing step numbers.
+    committed = sorted({int(c.key.split("/step-")[1][:5]) for c in store.commits(f"runs/{a.run_id}")
+                        if c.stage == f"{prefix}rewards" and "/step-" in c.key})
+    steps = [int(s) for s in a.steps.split(",")] if a.steps else committed
     for step in steps:
-        t = table(store, a.run_id, step, "eval_" if a.eval else "")
-        if not t:
-            continue
+        t = table(store, a.run_id, step, prefix)
         n = sum(v[0] for v in t.values())
         cells = "  ".join(f"{k} {v[0] / n:.2f} (reward {v[1] / v[0]:.2f})" for k, v in sorted(t.items()))
         print(f"step {step:3d}  n={n:4d}  {cells}")
