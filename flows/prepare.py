@@ -5,7 +5,9 @@
     base model       tokenizer trained on train-split text + a tiny Qwen-family model (random init)
     demonstrations   scripted-solver episodes on train tasks (and on the warm-start pool of extra
                      generated tasks, sft.pool_tasks), through the real agent loop and sandboxes
-    warm start       supervised fine-tuning on the demonstrations -> the base checkpoint
+    warm start       supervised fine-tuning on the demonstrations, then (sft.restart_cycles) more
+                     cosine cycles with a fresh optimizer, then (sft.habit_steps) a short habit
+                     phase on the privileged demonstrator's blind edits -> the base checkpoint
 
 Every piece is keyed by a hash of what it depends on, so a second `make run`
 skips it; nothing here ever reads validation tasks except the dataset build and the
@@ -186,21 +188,54 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     return key
 
 
+# SFT settings added after stores were first built: they join a checkpoint's key only when set.
+_LATER_SFT_FIELDS = ("mistake_demonstrations", "blind_edit_demonstrations", "restart_cycles", "habit_steps",
+                     "habit_lr", "habit_blind_edits")
+
+
+def _sft_key(model_key: str, demos_key: str, sft, seed: int) -> str:
+    default = type(sft)()
+    settings = {k: v for k, v in sft.model_dump().items()
+                if k not in _LATER_SFT_FIELDS or v != getattr(default, k)}
+    return f"models/base-{_digest(model_key, demos_key, settings, seed)}"
+
+
 @task(name="warm-start", cache_policy=NONE)
-def warm_start(cfg: RunConfig, store: Store, model_key: str, demos_key: str) -> str:
-    """Supervised fine-tuning on the demonstrations: the base checkpoint the timed run starts from."""
+def warm_start(cfg: RunConfig, store: Store, model_key: str, demos_key: str, stage: str = "warm start") -> str:
+    """Supervised fine-tuning of model_key on the demonstrations with cfg.sft: one SFT run, one checkpoint."""
     from tasks.policy.trainer import launch_sft
 
-    key = f"models/base-{_digest(model_key, demos_key, cfg.sft.model_dump(), cfg.seed)}"
+    key = _sft_key(model_key, demos_key, cfg.sft, cfg.seed)
     if store.exists(key + ".commit"):
         return key
     t0 = time.monotonic()
     out = work_root() / "prepare" / pathlib.PurePosixPath(key).name
     metrics = launch_sft(_local_model(cfg, store, model_key), str(store.local_path(demos_key)), cfg, str(out))
     store.put_dir(key, out)
-    store.put_json(key + ".commit", {"built_at": time.time(), "sft": cfg.sft.model_dump(), "metrics": metrics})
-    log(f"prepare: warm start {store.uri(key)}: {json.dumps(metrics, default=str)[:200]} "
+    store.put_json(key + ".commit", {"built_at": time.time(), "stage": stage, "from": model_key,
+                                     "demonstrations": demos_key, "sft": cfg.sft.model_dump(), "metrics": metrics})
+    log(f"prepare: {stage} {store.uri(key)}: {json.dumps(metrics, default=str)[:200]} "
         f"({time.monotonic() - t0:.0f} s)")
+    return key
+
+
+def warm_start_stages(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, demos_key: str) -> str:
+    """The base checkpoint: the warm start, its restart cycles, then the habit phase (schemas/config.py: SFTConfig)."""
+    plain = {"restart_cycles": 0, "habit_steps": 0}
+    key = warm_start(cfg.model_copy(update={"sft": cfg.sft.model_copy(update=plain)}), store, model_key, demos_key)
+    cycle = cfg.sft.model_copy(update={**plain, "max_steps": (cfg.sft.max_steps or 0) // cfg.sft.cosine_cycles
+                                       or None, "cosine_cycles": 1})
+    for i in range(cfg.sft.restart_cycles):
+        key = warm_start(cfg.model_copy(update={"sft": cycle}), store, key, demos_key,
+                         stage=f"restart cycle {i + 1}/{cfg.sft.restart_cycles}")
+    if cfg.sft.habit_steps:
+        habit = cfg.sft.model_copy(update={**plain, "demonstrations_per_task": 0,
+                                           "blind_edit_demonstrations": cfg.sft.habit_blind_edits,
+                                           "lr": cfg.sft.habit_lr, "max_steps": cfg.sft.habit_steps,
+                                           "cosine_cycles": 1})
+        habit_cfg = cfg.model_copy(update={"sft": habit})
+        habit_demos = demonstrations(habit_cfg, store, tasks_key, model_key)
+        key = warm_start(habit_cfg, store, key, habit_demos, stage="habit phase")
     return key
 
 
@@ -233,7 +268,7 @@ def prepare_config(cfg: RunConfig, dataset_only: bool = False) -> dict:
     if cfg.model.path:  # a real checkpoint is its own base
         return {"tasks": tasks_key, "model": model_key, "demonstrations": None, "base_model": model_key}
     demos_key = demonstrations(cfg, store, tasks_key, model_key)
-    base_key = warm_start(cfg, store, model_key, demos_key)
+    base_key = warm_start_stages(cfg, store, tasks_key, model_key, demos_key)
     return {"tasks": tasks_key, "model": model_key, "demonstrations": demos_key, "base_model": base_key}
 
 

@@ -239,6 +239,25 @@ class SFTConfig(_Strict):
     # demonstrations of 450-770 tokens ran 1.3x faster split into length-sorted micro-batches of
     # <= 1,600 tokens than as one padded block (tests/bench/bench_sft.py).
     micro_batch_tokens: int | None = Field(None, ge=64)
+    # After the warm start, this many more cosine cycles of max_steps / cosine_cycles steps at lr on
+    # the same demonstrations, each a separate run with a fresh AdamW: measured on the mini
+    # benchmark, restarting the optimizer with the learning rate learns more than carrying it.
+    restart_cycles: int = Field(0, ge=0)
+    # The habit phase, last: habit_steps SFT steps (lr habit_lr, cosine to 0) on demonstrations of
+    # the warm-start pool only, a share habit_blind_edits of which edit code without reading it
+    # (blind_edit_demonstrations). The student picks up the privileged demonstrator's habit and
+    # loses some of its pass@k; imitation keeps the habit, a reward for passing tests removes it.
+    # This is what gives GRPO something to lift on the mini benchmark (README: status). 0 = none.
+    habit_steps: int = Field(0, ge=0)
+    habit_lr: float = Field(5e-4, gt=0)
+    habit_blind_edits: float = Field(0.5, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _habit_needs_pool(self):
+        if self.habit_steps and self.pool_tasks == 0:
+            raise ValueError("sft.habit_steps > 0 needs sft.pool_tasks > 0: the habit phase's "
+                             "demonstrations come from the warm-start pool")
+        return self
 
     @model_validator(mode="after")
     def _has_demonstrations(self):
