@@ -144,7 +144,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     extra += [f"mistakes={cfg.sft.mistake_demonstrations}"] if cfg.sft.mistake_demonstrations else []
     extra += [f"blind={cfg.sft.blind_edit_demonstrations}"] if cfg.sft.blind_edit_demonstrations else []
     key = (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
-           f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.seed, *extra)}.parquet")
+           f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.sft.seed, *extra)}.parquet")
     if store.is_committed(key):
         return key
     t0 = time.monotonic()
@@ -158,7 +158,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     tokenizer = AutoTokenizer.from_pretrained(_local_model(cfg, store, model_key))
 
     def solver(task, sample, sandbox):
-        rng = random.Random(f"{cfg.seed}:{task['instance_id']}:{sample}")
+        rng = random.Random(f"{cfg.sft.seed}:{task['instance_id']}:{sample}")
         return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng, max_turns=cfg.agent.max_turns,
                               mistake_rate=cfg.sft.mistake_demonstrations,
                               blind_rate=cfg.sft.blind_edit_demonstrations)
@@ -190,7 +190,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
 
 # SFT settings added after stores were first built: they join a checkpoint's key only when set.
 _LATER_SFT_FIELDS = ("mistake_demonstrations", "blind_edit_demonstrations", "restart_cycles", "habit_steps",
-                     "habit_lr", "habit_blind_edits")
+                     "habit_lr", "habit_blind_edits", "seed")
 
 
 def _sft_key(model_key: str, demos_key: str, sft, seed: int) -> str:
@@ -205,7 +205,7 @@ def warm_start(cfg: RunConfig, store: Store, model_key: str, demos_key: str, sta
     """Supervised fine-tuning of model_key on the demonstrations with cfg.sft: one SFT run, one checkpoint."""
     from tasks.policy.trainer import launch_sft
 
-    key = _sft_key(model_key, demos_key, cfg.sft, cfg.seed)
+    key = _sft_key(model_key, demos_key, cfg.sft, cfg.sft.seed)
     if store.exists(key + ".commit"):
         return key
     t0 = time.monotonic()

@@ -251,6 +251,9 @@ class SFTConfig(_Strict):
     habit_steps: int = Field(0, ge=0)
     habit_lr: float = Field(5e-4, gt=0)
     habit_blind_edits: float = Field(0.5, ge=0.0, le=1.0)
+    # The warm start's own seed (demonstrations' choices, SFT's init and data order): the run's
+    # `seed` varies only the timed GRPO run, whose starting checkpoint is fixed, as the reference's is.
+    seed: int = 0
 
     @model_validator(mode="after")
     def _habit_needs_pool(self):

@@ -160,3 +160,39 @@ def test_warm_start_can_leave_the_rl_tasks_unseen(smoke_prepared):
     assert not {d["instance_id"] for d in demos} & set(benchmark)
     with pytest.raises(ConfigError, match="sft.demonstrations_per_task=0 needs sft.pool_tasks"):
         load_config("smoke", ["sft.demonstrations_per_task=0"])
+
+
+def test_warm_start_stages_restart_cycles_then_the_habit_phase(smoke_prepared):
+    # The mini preset's base: warm start -> restart cycles (fresh AdamW each, one cosine of
+    # max_steps / cosine_cycles steps) -> habit phase on pool demonstrations that edit unread code.
+    import sys
+
+    from flows.prepare import warm_start_stages
+    from flows.runtime import load_tasks
+    from tasks.storage import Store
+
+    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    from first_action import first_action
+
+    sft = {"pool_tasks": 4, "max_steps": 8, "cosine_decay": True, "cosine_cycles": 2, "restart_cycles": 1,
+           "habit_steps": 3, "habit_lr": 2e-4, "habit_blind_edits": 1.0}
+    cfg = load_config("smoke", {**smoke_overrides(), "sft": sft})
+    store = Store.from_config(cfg.storage)
+    args = (smoke_prepared["tasks"], smoke_prepared["model"], smoke_prepared["demonstrations"])
+    key = warm_start_stages(cfg, store, *args)
+    habit = store.get_json(key + ".commit")
+    cycle = store.get_json(habit["from"] + ".commit")
+    plain = store.get_json(cycle["from"] + ".commit")
+    assert (habit["stage"], cycle["stage"], plain["stage"]) == ("habit phase", "restart cycle 1/1", "warm start")
+    assert plain["from"] == smoke_prepared["model"] and plain["sft"]["max_steps"] == 8
+    assert cycle["demonstrations"] == smoke_prepared["demonstrations"]
+    assert (cycle["sft"]["max_steps"], cycle["sft"]["cosine_cycles"], cycle["metrics"]["steps"]) == (4, 1, 4)
+    assert (habit["sft"]["lr"], habit["metrics"]["steps"]) == (2e-4, 3)
+    # The habit phase's demonstrations: pool tasks only, every one an edit straight away.
+    demos = store.read_table(habit["demonstrations"], columns=["instance_id", "messages"],
+                             stage="demonstrations").to_pylist()
+    assert demos and not {d["instance_id"] for d in demos} & set(load_tasks(store, smoke_prepared["tasks"]))
+    assert {first_action(d["messages"]) for d in demos} == {"str_replace"}
+    # Cached: a second call trains nothing and names the same checkpoint.
+    assert warm_start_stages(cfg, store, *args) == key
+    assert store.get_json(key + ".commit")["built_at"] == habit["built_at"]

@@ -739,12 +739,12 @@ def sft_train(
     t0 = time.perf_counter()
     samples = sft_samples(demonstrations, model_dir, cfg.sft.context_loss_weight)
     rt = init_runtime(precision)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.sft.seed)
     model, params = build_policy(model_dir, rt, cfg.optimizer.freeze_router)
     optimizer = _adamw(params, cfg, cfg.sft.lr)
     limit = max_steps if max_steps is not None else cfg.sft.max_steps
     clip = cfg.optimizer.grad_clip if cfg.optimizer.grad_clip is not None else 1.0
-    rng = random.Random(cfg.seed)
+    rng = random.Random(cfg.sft.seed)
     order: list[int] = []
     losses, tokens, step = [], 0, 0
     t_loaded = time.perf_counter()
