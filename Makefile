@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
-	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft
+	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -72,6 +72,10 @@ bench-overlap: setup
 # SFT step speed by variant, on prepare's tiny model and demonstrations (ARGS="MODEL_DIR DEMOS.parquet").
 bench-sft: venv
 	$(PY) tests/bench/bench_sft.py $(ARGS)
+
+# Time to train over seeds, one `make run` each, prepare shared (ARGS="--seeds 0,1,2 [-- key=value ...]").
+bench-seeds: setup
+	$(PY) tests/bench/seeds.py $(ARGS)
 
 # The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT) with the train / evaluate / prepare / reproducibility
 # deployments served (no work pool needed); REPRO_BASELINE=<run id> schedules reproducibility reruns.

@@ -1,0 +1,68 @@
+"""Time to train over several seeds (a measurement script, not a test): the MLPerf way of scoring a
+run is the median of several runs' `run_start`..`run_stop`, so the spread between seeds matters as
+much as any one run.
+
+Each seed is one `make run` (`python -m flows.main --preset PRESET --run-id PREFIX-sSEED seed=SEED
+--json`, extra overrides after `--`), one after the other. `prepare` is shared: the warm start has
+its own seed (`sft.seed`), so `seed` varies only the timed GRPO run, as the reference starts every
+run from the same checkpoint. A rerun with the same prefix resumes unfinished seeds and reports
+finished ones from their summaries.
+
+    .venv/bin/python tests/bench/seeds.py [--seeds 0,1,2] [--preset mini] [--prefix seeds] [-- key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run_seed(preset: str, run_id: str, seed: int, overrides: list[str]) -> dict:
+    """One run's summary (flows.main --json prints it last, as an indented JSON object)."""
+    cmd = [sys.executable, "-m", "flows.main", "--preset", preset, "--run-id", run_id, "--json",
+           f"seed={seed}", *overrides]
+    print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    out = proc.stdout
+    start = out.rfind("\n{\n")
+    if proc.returncode not in (0, 1) or start < 0:
+        raise SystemExit(f"seed {seed}: flows.main exited {proc.returncode} without a summary:\n{out[-2000:]}")
+    return json.loads(out[start + 1:])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--preset", default="mini")
+    ap.add_argument("--prefix", default="seeds")
+    ap.add_argument("overrides", nargs="*", help="section.field=value, for every seed")
+    a = ap.parse_args()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    rows = []
+    for seed in seeds:
+        s = run_seed(a.preset, f"{a.prefix}-s{seed}", seed, a.overrides)
+        evals = ", ".join(f"{e['step']}: {e['pass_at_k']:.3f}" for e in s["evaluations"])
+        rows.append((seed, s))
+        print(f"seed {seed}: {s['status']}, {s['steps']} steps, time to train "
+              f"{(s.get('time_to_train_s') or 0) / 60:.1f} min, pass@4 by step {{{evals}}}", flush=True)
+    print("\n| seed | status | steps | time to train (min) | last pass@4 |\n|---|---|---|---|---|")
+    for seed, s in rows:
+        last = s["evaluations"][-1]["pass_at_k"] if s["evaluations"] else float("nan")
+        print(f"| {seed} | {s['status']} | {s['steps']} | {(s.get('time_to_train_s') or 0) / 60:.1f} | {last:.3f} |")
+    done = [s["time_to_train_s"] / 60 for _, s in rows if s["status"] == "succeeded" and s.get("time_to_train_s")]
+    if done:
+        print(f"\nreached the target: {len(done)} of {len(rows)}; time to train median {statistics.median(done):.1f} "
+              f"min, spread {max(done) - min(done):.1f} min (min {min(done):.1f}, max {max(done):.1f})")
+    else:
+        print(f"\nreached the target: 0 of {len(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
