@@ -5,8 +5,8 @@ much as any one run.
 Each seed is one `make run` (`python -m flows.main --preset PRESET --run-id PREFIX-sSEED seed=SEED
 --json`, extra overrides after `--`), one after the other. `prepare` is shared: the warm start has
 its own seed (`sft.seed`), so `seed` varies only the timed GRPO run, as the reference starts every
-run from the same checkpoint. A rerun with the same prefix resumes unfinished seeds and reports
-finished ones from their summaries.
+run from the same checkpoint. Each seed's run id is PREFIX-sSEED, so a rerun with the same prefix
+resumes a killed seed as `make run --run-id` does.
 
     .venv/bin/python tests/bench/seeds.py [--seeds 0,1,2] [--preset mini] [--prefix seeds] [-- key=value ...]
 """
@@ -36,6 +36,10 @@ def run_seed(preset: str, run_id: str, seed: int, overrides: list[str]) -> dict:
     return json.loads(out[start + 1:])
 
 
+def minutes(summary: dict) -> float:
+    return (summary.get("time_to_train_s") or 0) / 60
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -49,13 +53,13 @@ def main() -> int:
         s = run_seed(a.preset, f"{a.prefix}-s{seed}", seed, a.overrides)
         evals = ", ".join(f"{e['step']}: {e['pass_at_k']:.3f}" for e in s["evaluations"])
         rows.append((seed, s))
-        print(f"seed {seed}: {s['status']}, {s['steps']} steps, time to train "
-              f"{(s.get('time_to_train_s') or 0) / 60:.1f} min, pass@4 by step {{{evals}}}", flush=True)
+        print(f"seed {seed}: {s['status']}, {s['steps']} steps, {minutes(s):.1f} min to train, "
+              f"pass@4 by step {{{evals}}}", flush=True)
     print("\n| seed | status | steps | time to train (min) | last pass@4 |\n|---|---|---|---|---|")
     for seed, s in rows:
         last = s["evaluations"][-1]["pass_at_k"] if s["evaluations"] else float("nan")
-        print(f"| {seed} | {s['status']} | {s['steps']} | {(s.get('time_to_train_s') or 0) / 60:.1f} | {last:.3f} |")
-    done = [s["time_to_train_s"] / 60 for _, s in rows if s["status"] == "succeeded" and s.get("time_to_train_s")]
+        print(f"| {seed} | {s['status']} | {s['steps']} | {minutes(s):.1f} | {last:.3f} |")
+    done = [minutes(s) for _, s in rows if s["status"] == "succeeded" and s.get("time_to_train_s")]
     if done:
         print(f"\nreached the target: {len(done)} of {len(rows)}; time to train median {statistics.median(done):.1f} "
               f"min, spread {max(done) - min(done):.1f} min (min {min(done):.1f}, max {max(done):.1f})")
