@@ -29,10 +29,17 @@ PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]  # the form's d
 # Defaults are plain values (not None) so the form shows a text box, not a "str / None" switch;
 # the list defaults are never mutated.
 def _config(preset: str, overrides: list[str]):
-    """Validate before anything starts: a bad override fails the flow run in its first second."""
+    """Validate before anything starts: a bad override fails the flow run in its first second.
+    RLVR_UI_STORE (set for `infra/ui.sh start`) is the store runs use unless an override names one."""
+    import os
+
     from schemas.presets import load_config, parse_overrides
 
-    return load_config(preset, overrides or []), parse_overrides(overrides or [])
+    ov = parse_overrides(overrides or [])
+    store = os.environ.get("RLVR_UI_STORE")
+    if store and "root" not in ov.get("storage", {}):  # the tests' UI: runs go to the test store, not the user's
+        ov = {**ov, "storage": {**ov.get("storage", {}), "root": store}}
+    return load_config(preset, ov), ov
 
 
 @flow(name="train", description="GRPO training until pass@k reaches the target (or max_steps); "

@@ -14,7 +14,7 @@ import time
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from flows.runtime import RunContext, log
+from flows.runtime import Progress, RunContext, log
 from tasks.storage import stage_key
 
 
@@ -36,16 +36,11 @@ async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], 
     sampling = ctx.cfg.agent.training if split == "train" else ctx.cfg.agent.validation
     spec = RolloutSpec(run_id=ctx.run_id, step=step, split=split, samples_per_task=samples,
                        temperature=sampling.temperature, top_p=sampling.top_p)
-    total, done = len(instance_ids) * samples, [0]
-
-    def progress(row):
-        done[0] += 1
-        if done[0] == total or done[0] % max(1, total // 4) == 0:
-            log(f"step {step} {stage}: {done[0]}/{total} episodes")
-
+    total = len(instance_ids) * samples
     log(f"step {step} {stage}: start ({total} episodes, policy v{ctx.client.version})")
     return await collect([ctx.tasks[i] for i in instance_ids], spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store,
-                         partial_key=stage_key(ctx.run_id, step, f"{stage}_partial"), on_episode=progress,
+                         partial_key=stage_key(ctx.run_id, step, f"{stage}_partial"),
+                         on_episode=Progress(f"step {step} {stage}", total, "episodes", every_s=30),
                          flush_every_s=ctx.cfg.agent.partial_flush_s)
 
 
@@ -69,12 +64,16 @@ def grading(ctx: RunContext, step: int, trajectories_key: str, stage: str = "rew
         return key
     traj = ctx.store.read_table(trajectories_key, columns=["rollout_id", "instance_id", "final_patch"]).to_pylist()
     items = [(t["rollout_id"], ctx.run_id, step, ctx.tasks[t["instance_id"]], t["final_patch"]) for t in traj]
-    log(f"step {step} {stage}: start ({len(items)} patches)")
-    table = grade_rollouts(items, ctx.cfg.sandbox, ctx.store)
+    distinct = len({(t["instance_id"], t["final_patch"]) for t in traj})
+    log(f"step {step} {stage}: start ({len(items)} patches, {distinct} distinct)")
+    table = grade_rollouts(items, ctx.cfg.sandbox, ctx.store,
+                           on_graded=Progress(f"step {step} {stage}", distinct, "gradings", every_s=30))
     ctx.store.write_table(key, table, stage=stage)
     rewards = [r for r in table["reward"].to_pylist() if r is not None]
+    hacks = sum(1 for h in table["harness_changes"].to_pylist() if h)
     log(f"step {step} {stage}: {len(rewards)} graded, mean reward {sum(rewards) / max(1, len(rewards)):.3f}, "
-        f"{table.num_rows - len(rewards)} infra errors")
+        f"{table.num_rows - len(rewards)} infra errors"
+        + (f", {hacks} patches changed the test harness (removed before grading)" if hacks else ""))
     return key
 
 
@@ -140,13 +139,16 @@ def grpo_iteration(ctx: RunContext, step: int) -> dict:
     trains; the weight sync lands mid-collection, so those trajectories are at most one policy
     version old (the importance-sampling correction accounts for it).
     """
-    times = {}
+    # Kept in the store stage by stage: a resumed step adds its stages to what earlier attempts ran.
+    times_key = f"runs/{ctx.run_id}/step-{step:05d}/timings.json"
+    times = ctx.store.get_json(times_key) if ctx.store.exists(times_key) else {}
 
     def timed(name, fn, *args):
         t0 = time.monotonic()
         with ctx.timed(name):
             out = fn(*args)
         times[name] = times.get(name, 0.0) + time.monotonic() - t0
+        ctx.store.put_json(times_key, times)
         return out
 
     traj = timed("rollouts", rollouts, ctx, step)

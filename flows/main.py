@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import time
 
 
 def prefect_defaults() -> None:
@@ -20,6 +22,35 @@ def prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # One model file: transformers' per-shard progress bars only add noise to the first screen.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt in the main thread, so every `finally` stops the
+    run's servers and sandboxes; a process started in the background inherits SIGINT ignored."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def start_prefect_api() -> None:
+    """Start Prefect's temporary API server now, with SIGINT blocked (a blocked signal stays blocked
+    across exec): a Ctrl-C to the terminal's process group must not kill the API the run reports
+    to while the run is stopping, which made a stop wait on retries for ~90 s. No-op with
+    PREFECT_API_URL set (a real server)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            client.hello()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def print_summary(s: dict) -> None:
@@ -29,7 +60,11 @@ def print_summary(s: dict) -> None:
     print(f"time to train     {ttt / 60:.1f} min (MLPerf run_start..run_stop)" if ttt else "time to train     n/a")
     print(f"steps             {s['steps']}")
     if s.get("base_pass_at_k") is not None:
-        print(f"base checkpoint   pass@4 {s['base_pass_at_k']:.3f}  pass@1 {s['base_pass_at_1']:.3f}")
+        print(f"base checkpoint   pass@4 {s['base_pass_at_k']:.3f}  pass@1 {s['base_pass_at_1']:.3f}  (measured now)")
+    rec = s.get("base_recorded")
+    if rec:
+        print(f"  when frozen     pass@{rec['k']} {rec['pass_at_k']:.3f}  pass@1 {rec['pass_at_1']:.3f}  "
+              f"({rec['machine']}, {rec['measured_at'][:10]}; models/ manifest)")
     for e in s["evaluations"]:
         print(f"eval step {e['step']:>4}    pass@4 {e['pass_at_k']:.3f}  pass@1 {e['pass_at_1']:.3f}  "
               f"(samples_count {e['samples_count']})")
@@ -50,26 +85,43 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     prefect_defaults()
     from schemas.presets import ConfigError, load_config, parse_overrides
+    from tasks.storage import RunIdError, check_run_id
 
+    run_id = args.run_id or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
+        check_run_id(run_id)
         load_config(args.preset, args.overrides)  # fail in the first second on a bad value
-    except ConfigError as e:
+    except (ConfigError, RunIdError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from flows.train import train
+    stop_on_signals()
+    from tasks.supervise import watch
 
+    watch(os.getpid())  # ends what this run started if it is killed outright
+    resume = f"rerun with --run-id {run_id} to resume it (make run ARGS=\"--run-id {run_id} ...\")"
     try:
-        summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=args.run_id)
+        start_prefect_api()
+        from flows.train import train
+        from tasks.policy.base import BaseCheckpointError
+
+        summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=run_id)
+    except KeyboardInterrupt as e:
+        print(f"\ninterrupted ({e or 'SIGINT'}): committed stages are kept, the stage in progress is not; "
+              f"{resume}", file=sys.stderr)
+        return 130
+    except (ConfigError, BaseCheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except Exception:
         import traceback
 
         traceback.print_exc()
-        print("error: the run failed; rerun the same command with --run-id to resume it", file=sys.stderr)
+        print(f"error: the run failed; {resume}", file=sys.stderr)
         return 3
     print_summary(summary)
     if args.json:
         print(json.dumps(summary, indent=1))
-    # 0: target reached; 1: ran to max_steps without reaching it; 2: bad configuration; 3: failed
+    # 0: target reached; 1: ran to max_steps without reaching it; 2: bad configuration; 3: failed; 130: interrupted
     return 0 if summary["status"] == "succeeded" else 1
 
 

@@ -28,12 +28,13 @@ import pyarrow as pa
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from flows.runtime import EventLoopThread, RunContext, config_json, load_tasks, log, work_root
+from flows.runtime import EventLoopThread, Progress, RunContext, config_json, load_tasks, log, work_root
 from schemas.config import RunConfig
 from schemas.presets import load_config
 from tasks.storage import Store
 
 TOKENIZER_CORPUS_VERSION = 4
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _digest(*parts) -> str:
@@ -57,7 +58,8 @@ def dataset(cfg: RunConfig, store: Store) -> str:
     from tasks.dataset.build import build_dataset
 
     t0 = time.monotonic()
-    key = build_dataset(cfg.dataset, store, cfg.sandbox)
+    key = build_dataset(cfg.dataset, store, cfg.sandbox,
+                        progress=lambda what, total: Progress(what, total, "tasks", every_s=20))
     log(f"prepare: tasks table {store.uri(key)} ({time.monotonic() - t0:.0f} s)")
     return key
 
@@ -108,10 +110,7 @@ def _train_corpus(store: Store, tasks: dict[str, dict], style: str):
 
 @task(name="base-model", cache_policy=NONE)
 def base_model(cfg: RunConfig, store: Store, tasks_key: str) -> str:
-    """The untrained policy: a tokenizer trained on the benchmark's train text + random weights.
-    With model.path set (a real checkpoint, e.g. Qwen3.5 on a cluster) that checkpoint is used as is."""
-    if cfg.model.path:
-        return cfg.model.path
+    """The untrained policy: a tokenizer trained on the benchmark's train text + random weights."""
     from tasks.policy.model import build_policy
 
     key = f"models/init-{_digest(tasks_key, cfg.model.model_dump(), TOKENIZER_CORPUS_VERSION, cfg.agent.prompt_style)}"
@@ -171,8 +170,10 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
                 continue
             spec = RolloutSpec(run_id="demonstrations", step=0, split="train", samples_per_task=samples,
                                temperature=0.0, top_p=1.0)
+            what = "demonstrations: " + ("train tasks" if rows is train else "warm-start pool")
             tables.append(loop.call(collect(rows, spec, None, tokenizer, cfg, store, policy_factory=solver,
-                                            concurrency=max(2, cfg.sandbox.concurrency * 2))))
+                                            concurrency=max(2, cfg.sandbox.concurrency * 2),
+                                            on_episode=Progress(what, len(rows) * samples, "episodes", 20))))
     finally:
         loop.close()
     table = pa.concat_tables(tables)
@@ -260,19 +261,60 @@ def prepare(preset: str = "mini", overrides: dict | None = None) -> dict:
 
 def prepare_config(cfg: RunConfig, dataset_only: bool = False) -> dict:
     store = Store.from_config(cfg.storage)
+    shipped = shipped_base(cfg) if cfg.model.path and not dataset_only else None
     sandbox_image(cfg)
     tasks_key = dataset(cfg, store)
     if dataset_only:
         return {"tasks": tasks_key}
+    if shipped is not None:  # a given checkpoint is its own base: no demonstrations, no SFT
+        model_dir, manifest = shipped
+        out = {"tasks": tasks_key, "model": str(model_dir), "demonstrations": None, "base_model": str(model_dir)}
+        if manifest is not None:
+            from tasks.dataset.build import tasks_sha256
+            from tasks.policy.base import check_dataset, weights_digest
+
+            table = store.read_table(tasks_key, stage="tasks")
+            check_dataset(model_dir, manifest, dataset_id_of(tasks_key), tasks_sha256(table))
+            out["base_weights"] = weights_digest(manifest)
+            log(f"prepare: base checkpoint {model_dir} ({manifest['files']['model.safetensors']['bytes'] / 1e6:.1f} MB, "
+                f"built by {manifest['built_by']['command']} at {manifest['code_version']}; files and dataset checked)")
+        return out
     model_key = base_model(cfg, store, tasks_key)
-    if cfg.model.path:  # a real checkpoint is its own base
-        return {"tasks": tasks_key, "model": model_key, "demonstrations": None, "base_model": model_key}
     demos_key = demonstrations(cfg, store, tasks_key, model_key)
     base_key = warm_start_stages(cfg, store, tasks_key, model_key, demos_key)
     return {"tasks": tasks_key, "model": model_key, "demonstrations": demos_key, "base_model": base_key}
 
 
+def dataset_id_of(tasks_key: str) -> str:
+    """"datasets/<id>/tasks.parquet" -> "<id>"."""
+    return pathlib.PurePosixPath(tasks_key).parent.name
+
+
+def shipped_base(cfg: RunConfig) -> tuple[pathlib.Path, dict | None]:
+    """The local directory of cfg.model.path and its base manifest (None for a checkpoint without one),
+    checked before anything starts: every file the manifest lists, with its sha256, and the dataset id."""
+    from tasks.policy.base import check_dataset, check_files, read_manifest
+    from tasks.policy.model import resolve_model_dir
+
+    path = cfg.model.path
+    if "://" not in path and not pathlib.Path(path).is_absolute() and not pathlib.Path(path).exists():
+        path = str(REPO / path)  # presets name the shipped base relative to the repository
+    model_dir = resolve_model_dir(path) if "://" in path else pathlib.Path(path)  # a URI: a local copy first
+    manifest = read_manifest(model_dir) if model_dir.is_dir() else None
+    if manifest is not None:
+        check_files(model_dir, manifest)
+        if cfg.dataset.source == "mini":  # its id is known before it is built; r2e's after loading
+            from tasks.dataset.build import mini_dataset_id
+
+            check_dataset(model_dir, manifest, mini_dataset_id(cfg.dataset, cfg.sandbox.image))
+    resolve_model_dir(model_dir)  # what any checkpoint needs, with or without a manifest
+    return model_dir.resolve(), manifest
+
+
 def prepare_run_context(preset: str, overrides, run_id: str, dataset_only: bool = False) -> tuple[RunContext, dict]:
+    from tasks.storage import check_run_id
+
+    check_run_id(run_id)  # before anything is built: the id names a directory under the work root
     cfg = load_config(preset, overrides)
     prepared = prepare_config(cfg, dataset_only)
     store = Store.from_config(cfg.storage)

@@ -21,16 +21,53 @@ from schemas.config import RunConfig
 from tasks.storage import Store
 
 
-def log(msg: str) -> None:
-    """Progress for people: one line, flushed, also shown in the Prefect UI's logs."""
+def log(msg: str, logger=None) -> None:
+    """Progress for people: one line, flushed, also shown in the Prefect UI's logs (through
+    `logger`, the run logger, when called from a thread that is not the run's)."""
     line = f"[{time.strftime('%H:%M:%S')}] {msg}"
     print(line, flush=True)
     try:
-        from prefect.logging import get_run_logger
-
-        get_run_logger().info(msg)
+        (logger or _run_logger()).info(msg)
     except Exception:
         pass  # outside a flow run
+
+
+def _run_logger():
+    from prefect.logging import get_run_logger
+
+    return get_run_logger()
+
+
+class Progress:
+    """Counts for a long stage: "<what>: 120/951 tasks, 1.2 min, about 3.4 min left", logged at each
+    quarter, at least every `every_s` seconds, and at the end. Thread-safe: graders call it from
+    their pool."""
+
+    def __init__(self, what: str, total: int, unit: str = "", every_s: float = 15.0):
+        self.what, self.total, self.unit, self.every_s = what, total, unit, every_s
+        self.done, self.t0, self.last = 0, time.monotonic(), time.monotonic()
+        self.lock = threading.Lock()
+        try:
+            self.logger = _run_logger()
+        except Exception:
+            self.logger = None
+
+    def __call__(self, *_):
+        with self.lock:
+            self.done += 1
+            now, done = time.monotonic(), self.done
+            quarter = done % max(1, self.total // 4) == 0
+            if done < self.total and not quarter and now - self.last < self.every_s:
+                return
+            self.last = now
+        took = now - self.t0
+        eta = f", about {_minutes(took / done * (self.total - done))} left" if done < self.total else ""
+        log(f"{self.what}: {done}/{self.total}{' ' + self.unit if self.unit else ''}, {_minutes(took)}{eta}",
+            self.logger)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 class EventLoopThread:
@@ -91,6 +128,7 @@ class RunContext:
             urls = list(self.cfg.inference.base_urls)
         else:
             t0 = time.monotonic()
+            log(f"starting vLLM for policy v{version} (about a minute on CPU)")
             self.server = VLLMServer(model_dir, self.cfg.inference, log_dir=self.workdir / "logs").start()
             urls = [self.server.base_url]
             log(f"vLLM serving policy v{version} at {self.server.base_url} "

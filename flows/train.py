@@ -129,11 +129,11 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
         step = start_step
         while not reached and step <= cfg.max_steps:
             log(f"step {step}/{cfg.max_steps} (policy v{ctx.policy_version})")
-            mllog.start(C.BLOCK_START, metadata={"samples_count": (step - 1) * gbs, "first_epoch_num": step - 1,
-                                                 "epoch_count": 1})
+            if step - 1 not in read_log_times(log_path.read_text())["blocks_open"]:  # a killed attempt's step is open
+                mllog.start(C.BLOCK_START, metadata={"samples_count": (step - 1) * gbs, "first_epoch_num": step - 1,
+                                                     "epoch_count": 1})
             times = grpo_iteration(ctx, step)
             mllog.end(C.BLOCK_STOP, metadata={"samples_count": step * gbs, "first_epoch_num": step - 1})
-            store.put_json(f"runs/{run_id}/step-{step:05d}/timings.json", times)
             if _eval_due(cfg, step):
                 reached = evaluate_step(step)
             publish_step(ctx, step, times)
@@ -191,6 +191,11 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
         base_id = base_eval_id(ctx.cfg, prepared)
         if store.stage_committed(base_id, 0, "eval_summary"):
             base_row = store.read_stage(base_id, 0, "eval_summary").to_pylist()[0]
+    recorded = None
+    if prepared.get("base_weights"):
+        from tasks.policy.base import read_manifest
+
+        recorded = (read_manifest(prepared["base_model"]) or {}).get("evaluation")
     return {
         "run_id": run_id,
         "status": manifest.status if manifest else "unknown",
@@ -199,6 +204,7 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
         "steps": steps,
         "base_pass_at_k": base_row["pass_at_k"] if base_row else None,
         "base_pass_at_1": base_row["pass_at_1"] if base_row else None,
+        "base_recorded": recorded,
         "evaluations": [{"step": e["step"], "pass_at_k": e["pass_at_k"], "pass_at_1": e["pass_at_1"],
                          "samples_count": e["samples_count"]} for e in sorted(evals, key=lambda e: e["step"])],
         "stage_seconds": {k: round(v, 1) for k, v in sorted(stage_totals.items())},

@@ -3,7 +3,9 @@
 # served by one process (flows/deployments.py). Both run in their own sessions; their pids are in .rlvr/ui/.
 #
 #   infra/ui.sh start     RLVR_UI_PORT (4200), REPRO_BASELINE / REPRO_INTERVAL: schedule reproducibility reruns,
-#                         RLVR_UI_DEPLOYMENTS=train,evaluate: serve a subset, RLVR_UI_DIR (.rlvr/ui): pids and logs
+#                         RLVR_UI_DEPLOYMENTS=train,evaluate: serve a subset, RLVR_UI_DIR (.rlvr/ui): pids and logs,
+#                         RLVR_UI_STORE=file://...: the store runs from the UI use (default: their preset's; tests
+#                         set their own so that UI runs never land in the user's .rlvr/store)
 #   infra/ui.sh stop      SIGTERM to the deployments, SIGINT to the server, then SIGKILL whatever of ours is left
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +62,7 @@ start() {
 Prefect UI         $URL   (deployments: $URL/deployments)
 deployments        ${RLVR_UI_DEPLOYMENTS:-train, evaluate, prepare, reproducibility} ($( [ -n "${REPRO_BASELINE:-}" ] && echo "scheduled: rerun $REPRO_BASELINE every ${REPRO_INTERVAL:-604800} s" || echo "unscheduled: REPRO_BASELINE=<run id> make ui"))
 logs               $DIR/server.log, $DIR/serve.log
+store              ${RLVR_UI_STORE:-each preset's storage.root (override storage.root=... per run)}
 runs from the CLI  export PREFECT_API_URL=$PREFECT_API_URL   (then make run / python -m flows.main shows up here)
 stop               make ui-stop
 

@@ -9,14 +9,34 @@ impossible value fails in the first second of a run, not after set-up.
 from __future__ import annotations
 
 import math
+import types
+import typing
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+
+def _numbers_only(annotation) -> bool:
+    """True for int and float fields (also optional ones and tuples of numbers), which take no bool."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType, tuple, list):
+        args = [a for a in args if a not in (type(None), Ellipsis)]
+        return bool(args) and all(_numbers_only(a) for a in args)
+    return annotation in (int, float)
 
 
 class _Strict(BaseModel):
     # Unknown keys are errors: a misspelt override must not be silently ignored.
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value, info: ValidationInfo):
+        # pydantic reads True as 1: `grpo.prompts_per_step=true` must fail, not run as 1.
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, bool) for v in items) and _numbers_only(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{info.field_name} takes numbers, not booleans ({value!r})")
+        return value
 
 
 class StorageConfig(_Strict):
@@ -70,6 +90,9 @@ class SandboxConfig(_Strict):
     backend: Literal["bwrap", "docker"] = "bwrap"
     image: str = "rlvr-sandbox:bookworm"
     memory_mb: int = Field(1024, ge=64)
+    # What a sandbox may write beyond its copy of the task (all of /testbed, /tmp, ... together;
+    # a tmpfs, so also charged to memory_mb): past it, writes fail with ENOSPC. Archive tasks only.
+    disk_mb: int = Field(1024, ge=16)
     pids_limit: int = Field(256, ge=16)
     cpus: float = Field(1.0, gt=0)
     command_timeout_s: float = Field(30.0, gt=0)
@@ -132,9 +155,9 @@ class AgentConfig(_Strict):
     episode_timeout_s: float = Field(600.0, gt=0)
     # Episodes in flight at once (each holds one sandbox).
     concurrency: int = Field(16, ge=1)
-    # Finished episodes are committed (as a partial table) at most this often, so a crash loses
-    # only the episodes in flight; 0 = after every episode.
-    partial_flush_s: float = Field(20.0, ge=0)
+    # Finished episodes are committed (a small part table of the ones finished since the last)
+    # at most this often; 0 = as each finishes, so a crash loses only the episodes in flight.
+    partial_flush_s: float = Field(0.0, ge=0)
     # "full" = R2E-Gym-style prompts and tool descriptions; "short" keeps prompts small for tiny models.
     prompt_style: Literal["full", "short"] = "full"
     training: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -201,7 +224,9 @@ class OptimizerConfig(_Strict):
 
 class SFTConfig(_Strict):
     lr: float = Field(1e-3, gt=0)
-    minutes: float = Field(4.0, gt=0)
+    # A wall-clock budget; None = none, so the schedule depends on steps only and a base built on
+    # a loaded or slower machine gets the same learning rates at the same steps.
+    minutes: float | None = Field(4.0, gt=0)
     max_steps: int | None = None
     batch_size: int = Field(32, ge=1)
     # Demonstrations per benchmark training task. 0 = the warm start sees none of the tasks RL
@@ -254,6 +279,12 @@ class SFTConfig(_Strict):
     # The warm start's own seed (demonstrations' choices, SFT's init and data order): the run's
     # `seed` varies only the timed GRPO run, whose starting checkpoint is fixed, as the reference's is.
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _has_an_end(self):
+        if self.minutes is None and self.max_steps is None:
+            raise ValueError("sft needs max_steps or minutes: with neither the warm start never ends")
+        return self
 
     @model_validator(mode="after")
     def _habit_needs_pool(self):

@@ -44,8 +44,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         # edited the wrong line, tests/bench/eval_failures.py; with "text" 41%, and the base's
         # pass@4 went from 0.06 on 64 tasks to 0.11 on all 251).
         "dataset": {"num_train": 700, "num_validation": 251, "difficulty": 0.0, "split": "text"},
-        "model": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 768,
-                  "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 4096, "max_position_embeddings": 4096},
+        # The shipped base (models/mini-base/manifest.json), as MLPerf gives every submitter one
+        # checkpoint; the architecture below and the `sft` section are the recipe `make base` built it with.
+        "model": {"path": "models/mini-base", "hidden_size": 256, "num_layers": 4, "num_heads": 4,
+                  "num_kv_heads": 2, "intermediate_size": 768, "num_experts": 8, "num_experts_per_tok": 2,
+                  "vocab_size": 4096, "max_position_embeddings": 4096},
         "inference": {"max_model_len": 4096, "max_num_seqs": 64},
         "agent": {"max_turns": 8, "max_context_tokens": 4096, "prompt_style": "short", "concurrency": 32,
                   "command_timeout_s": 20, "episode_timeout_s": 300,
@@ -74,7 +77,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # (pass@4 0.554 on all 251; GRPO lifts it to 0.721 in 20 steps; README: status).
         # Four fresh-AdamW 960-step cycles instead (3,840 steps, 126 min here) reached only 0.656 on
         # the subset (pass@1 0.617; 2026-12-01, eval-c4-128), against this chain's 0.742: kept.
-        "sft": {"minutes": 120.0, "max_steps": 2880, "batch_size": 8, "demonstrations_per_task": 2,
+        "sft": {"minutes": None, "max_steps": 2880, "batch_size": 8, "demonstrations_per_task": 2,
                 "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3,
                 "micro_batch_tokens": 1600, "restart_cycles": 2, "habit_steps": 320, "habit_lr": 5e-4,
                 "habit_blind_edits": 0.5},

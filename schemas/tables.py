@@ -109,6 +109,22 @@ def _list_values_in(column: str, allowed) -> RowRule:
     return fn
 
 
+def _list_values_nonnegative(column: str) -> RowRule:
+    def fn(t: pa.Table):
+        col = t[column].combine_chunks() if isinstance(t[column], pa.ChunkedArray) else t[column]
+        flat_ok = pc.greater_equal(pc.list_flatten(col), 0)
+        parents = pc.list_parent_indices(col)
+        bad_rows = pc.unique(pc.filter(parents, pc.invert(flat_ok)))
+        return pc.invert(pc.is_in(pa.array(range(len(col)), pa.int64()), value_set=bad_rows))
+
+    return fn
+
+
+def _nonnegative(*columns: str) -> list[_Rule]:
+    # Counts, seconds and indices: a negative one is a bug upstream, never data to commit.
+    return [_rule("nonnegative", c, _between(c, lo=0), f"{c} must be >= 0") for c in columns]
+
+
 def _valid_json(column: str, kind: type) -> RowRule:
     # Python-level parse: these are small text columns, and the error must name the row.
     def fn(t: pa.Table):
@@ -350,7 +366,9 @@ TRAJECTORIES = TableSchema(
               lambda t: pc.equal(t["num_generated_tokens"],
                                  pc.cast(_list_sums(t["loss_mask"]), pa.int32())),
               "num_generated_tokens must equal sum(loss_mask)"),
-        _rule("nonnegative", "step", _between("step", lo=0), "step must be >= 0"),
+        _rule("token_ids_nonnegative", "token_ids", _list_values_nonnegative("token_ids"), "token ids must be >= 0"),
+        *_nonnegative("step", "sample_index", "prompt_length", "num_turns", "num_generated_tokens", "tool_errors",
+                      "generation_seconds", "sandbox_seconds", "total_seconds"),
     ],
     added_later=("mistake_mask",),
 )
@@ -388,8 +406,12 @@ REWARDS = TableSchema(
         "sandbox_start_seconds": (F64, False),
         "test_seconds": (F64, False),
         "total_seconds": (F64, False),
+        # "path: why" for each change the grader removed from the patch before the tests ran
+        # (tasks/grading/grader.py: what a patch may not change); a reward-hacking signal.
+        "harness_changes": (pa.list_(STR), True),
     },
     unique=["rollout_id"],
+    added_later=("harness_changes",),
     rules=[
         _rule("reward_binary", "reward", _values_in("reward", [0.0, 1.0]), "reward must be 0 or 1"),
         _rule("grading_status_known", "grading_status", _values_in("grading_status", list(GRADING_STATUSES)),
@@ -399,6 +421,7 @@ REWARDS = TableSchema(
               "reward must be set exactly when grading_status is 'graded'"),
         _rule("test_statuses_json", "test_statuses", _valid_json("test_statuses", dict),
               "test_statuses must be a JSON object"),
+        *_nonnegative("step", "attempts", "sandbox_start_seconds", "test_seconds", "total_seconds"),
     ],
 )
 

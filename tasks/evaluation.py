@@ -33,6 +33,8 @@ def base_eval_id(cfg, prepared: dict) -> str:
     dataset or subset instead of reporting a stale number."""
     what = {"tasks": prepared["tasks"], "eval": cfg.eval.model_dump(include={"k", "samples_per_task", "max_tasks"}),
             "agent": cfg.agent.model_dump(exclude={"training", "concurrency", "partial_flush_s"})}
+    if prepared.get("base_weights"):  # a shipped base is named by its directory: key by its content too
+        what["weights"] = prepared["base_weights"]
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"base-{pathlib.PurePosixPath(prepared['base_model']).name}-{digest}"
 

@@ -135,10 +135,11 @@ def step_stats(store: Store, run_id: str, step: int) -> dict:
     """One training step in numbers (what the Prefect UI's progress table shows)."""
     out: dict = {"step": step}
     if store.stage_committed(run_id, step, "rewards"):
-        rw = store.read_stage(run_id, step, "rewards", columns=["reward", "grading_status"]).to_pylist()
+        rw = store.read_stage(run_id, step, "rewards", columns=["reward", "grading_status", "harness_changes"]).to_pylist()
         graded = [r["reward"] for r in rw if r["reward"] is not None]
         out.update(mean_reward=round(sum(graded) / len(graded), 4) if graded else None,
-                   solved=int(sum(graded)), graded=len(graded), infra_errors=len(rw) - len(graded))
+                   solved=int(sum(graded)), graded=len(graded), infra_errors=len(rw) - len(graded),
+                   harness_patches=sum(1 for r in rw if r["harness_changes"]))
     if store.stage_committed(run_id, step, "trajectories"):
         tr = store.read_stage(run_id, step, "trajectories",
                               columns=["finish_reason", "num_turns", "num_generated_tokens"]).to_pandas()

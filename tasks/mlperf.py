@@ -143,8 +143,9 @@ def check(path: str, ruleset: str = "6.1.0") -> tuple[bool, str]:
 
 
 def read_log_times(text: str) -> dict:
-    """run_start/run_stop times (ms) and the time to train in seconds (None while the run is open)."""
-    out: dict = {"evals": []}
+    """run_start/run_stop times (ms), the time to train in seconds (None while the run is open), the
+    evaluations, and the blocks started but not stopped (first_epoch_num: a killed attempt's step)."""
+    out: dict = {"evals": [], "blocks_open": set()}
     for line in text.splitlines():
         if not line.startswith(":::MLLOG "):
             continue
@@ -154,6 +155,10 @@ def read_log_times(text: str) -> dict:
         elif rec["key"] == "run_stop":
             out["run_stop_ms"] = rec["time_ms"]
             out["status"] = rec["metadata"].get("status")
+        elif rec["key"] == "block_start":
+            out["blocks_open"].add(rec["metadata"].get("first_epoch_num"))
+        elif rec["key"] == "block_stop":
+            out["blocks_open"].discard(rec["metadata"].get("first_epoch_num"))
         elif rec["key"] == "eval_accuracy":
             out["evals"].append((rec["metadata"].get("samples_count"), rec["value"]))
     if "run_start_ms" in out and "run_stop_ms" in out:

@@ -3,9 +3,10 @@
 Each episode gets its own sandbox. A sandbox that cannot start is retried a few
 times and then recorded as an `infra_error` trajectory (masked downstream,
 never dropped). An inference server that goes away fails the in-flight episodes,
-which are retried; finished episodes are flushed to a `trajectories_partial`
-table as they complete, so a crash or kill loses at most the episodes in flight
-and a rerun of the same stage picks up where it stopped.
+which are retried; finished episodes are committed as they complete, in small
+append-only `<stage>_partial-NNNNN` tables (one per flush: a flush writes only the
+episodes finished since the last one), so a crash or kill loses at most the episodes
+in flight and a rerun of the same stage picks up where it stopped.
 """
 
 from __future__ import annotations
@@ -61,8 +62,26 @@ def infra_error_row(spec: RolloutSpec, task: dict, sample: int, reason: str, pol
     return episode_row(spec, task, sample, ep, policy_version)
 
 
+def partial_parts(store, partial_key: str) -> list[str]:
+    """The committed part tables of a stage's finished episodes, in order."""
+    stem = partial_key.removesuffix(".parquet") + "-"
+    folder = partial_key.rsplit("/", 1)[0]
+    return sorted(c.key for c in store.commits(folder) if c.key.startswith(stem))
+
+
+def read_partial(store, partial_key: str) -> dict[str, dict]:
+    """rollout id -> row of every finished episode a killed attempt committed (parts, and the one
+    table earlier versions rewrote)."""
+    keys = ([partial_key] if store.is_committed(partial_key) else []) + partial_parts(store, partial_key)
+    done = {}
+    for key in keys:
+        for row in store.read_table(key, stage="trajectories_partial").to_pylist():
+            done[row["rollout_id"]] = row
+    return done
+
+
 async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, store=None, *,
-                  concurrency: int | None = None, partial_key: str | None = None, flush_every_s: float = 20.0,
+                  concurrency: int | None = None, partial_key: str | None = None, flush_every_s: float = 0.0,
                   on_episode=None, policy_factory=None) -> pa.Table:
     """Run `spec.samples_per_task` episodes of every task; return the trajectories table.
 
@@ -77,24 +96,28 @@ async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, 
     agent, sampling_cap = cfg.agent, cfg.agent.training.max_tokens_per_turn
     if spec.split == "validation":
         sampling_cap = cfg.agent.validation.max_tokens_per_turn
-    done: dict[str, dict] = {}
-    if partial_key and store is not None and store.is_committed(partial_key):
-        for row in store.read_table(partial_key, stage="trajectories_partial").to_pylist():
-            done[row["rollout_id"]] = row
+    done = read_partial(store, partial_key) if partial_key and store is not None else {}
+    parts = [len(partial_parts(store, partial_key))] if partial_key and store is not None else [0]
     work = [(t, i) for t in tasks for i in range(spec.samples_per_task)
             if rollout_id(spec.run_id, spec.step, t["instance_id"], i) not in done]
     sem = asyncio.Semaphore(concurrency or agent.concurrency)
     last_flush = [time.monotonic()]
     flush_lock = asyncio.Lock()
+    unflushed: list[dict] = []
 
     async def flush(force: bool = False):
-        if not partial_key or store is None or not done:
+        if not partial_key or store is None or not unflushed:
             return
         if not force and time.monotonic() - last_flush[0] < flush_every_s:
             return
-        async with flush_lock:
-            table = TRAJECTORIES.from_rows(sorted(done.values(), key=lambda r: r["rollout_id"]))
-            await asyncio.to_thread(store.write_table, partial_key, table, "trajectories_partial", True)
+        async with flush_lock:  # episodes that finish while a part is written go into the next one
+            rows = unflushed[:]
+            if not rows:
+                return
+            del unflushed[:len(rows)]
+            key = f"{partial_key.removesuffix('.parquet')}-{parts[0]:05d}.parquet"
+            parts[0] += 1
+            await asyncio.to_thread(store.write_table, key, TRAJECTORIES.from_rows(rows), "trajectories_partial")
             last_flush[0] = time.monotonic()
 
     version = policy.version if policy is not None else -1
@@ -133,6 +156,7 @@ async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, 
                 finally:
                     await asyncio.to_thread(sandbox.close)
             done[rid] = row
+            unflushed.append(row)
             if on_episode is not None:
                 on_episode(row)
             await flush()

@@ -9,7 +9,9 @@ Layout under the store's root:
 A table is visible only once its commit marker exists, and the marker is written
 after the data, so a process killed between the two leaves the stage invisible
 and the next attempt simply writes it again. Committing the same content twice
-is a no-op; different content is an error unless `overwrite=True`.
+is a no-op; different content is an error unless `overwrite=True`. A read checks
+the bytes against the marker's length and sha256 (CorruptTableError otherwise).
+Run ids name directories (`runs/<id>/` here, `<work>/<id>/` on disk): `check_run_id`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,10 +31,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.manifest import RunManifest
-from schemas.tables import TableValidationError, schema_for
+from schemas.tables import SCHEMAS, TableValidationError, schema_for
 
 SCHEMES = ("file", "s3")
 COMMIT_SUFFIX = ".commit"
+# A silent S3 endpoint fails in S3FS_RETRIES x S3_ATTEMPTS x S3_READ_TIMEOUT_S (~40 s), not botocore's ~7 min.
+S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S, S3_ATTEMPTS, S3FS_RETRIES = 5, 10, 2, 2
+RUN_ID_MAX = 128
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class StorageError(RuntimeError):
@@ -46,7 +53,25 @@ class StageConflictError(StorageError):
     pass
 
 
+class CorruptTableError(StorageError):
+    """A committed table's bytes no longer match the sha256 its commit marker recorded."""
+
+
+class RunIdError(ValueError):
+    """A run id that is not one plain path component (it names directories in the store and the work dir)."""
+
+
+def check_run_id(run_id: str) -> str:
+    """The run id itself, or RunIdError: it becomes `runs/<id>/` in the store and `<work>/<id>/` on disk."""
+    if (not isinstance(run_id, str) or len(run_id) > RUN_ID_MAX or ".." in run_id
+            or not _RUN_ID.fullmatch(run_id)):
+        raise RunIdError(f"invalid run id {run_id!r}: use 1-{RUN_ID_MAX} letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit, with no '..'")
+    return run_id
+
+
 def stage_key(run_id: str, step: int | None, stage: str) -> str:
+    check_run_id(run_id)
     if step is None:
         return f"runs/{run_id}/{stage}.parquet"
     return f"runs/{run_id}/step-{step:05d}/{stage}.parquet"
@@ -82,7 +107,11 @@ class Store:
         else:
             # Credentials come from the usual AWS variables; the endpoint may be moto, MinIO or a region.
             client_kwargs = {"endpoint_url": endpoint_url} if endpoint_url else {}
-            self.fs = fsspec.filesystem("s3", client_kwargs=client_kwargs, skip_instance_cache=True)
+            config_kwargs = {"connect_timeout": S3_CONNECT_TIMEOUT_S, "read_timeout": S3_READ_TIMEOUT_S,
+                             "retries": {"total_max_attempts": S3_ATTEMPTS, "mode": "standard"}}
+            self.fs = fsspec.filesystem("s3", client_kwargs=client_kwargs, config_kwargs=config_kwargs,
+                                        skip_instance_cache=True)
+            self.fs.retries = S3FS_RETRIES  # s3fs's own retry loop around botocore's (not a constructor argument)
             self.base = rest.rstrip("/")
             bucket = self.base.split("/", 1)[0]
             where = endpoint_url or "AWS"
@@ -217,14 +246,24 @@ class Store:
         # One GET of the whole object: far faster on S3 than parquet's ranged reads.
         data = self.get_bytes(key)
         if len(data) != marker["bytes"]:
-            raise StorageError(f"stage '{stage}' at {self.uri(key)} has {len(data)} bytes but its commit says "
-                               f"{marker['bytes']}: the object was changed outside the store")
+            raise CorruptTableError(f"stage '{stage}' at {self.uri(key)} has {len(data)} bytes but its commit says "
+                                    f"{marker['bytes']}: the object was changed outside the store")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != marker["sha256"]:  # a flipped bit would otherwise decode as data
+            raise CorruptTableError(f"stage '{stage}' at {self.uri(key)} has sha256 {digest} but its commit "
+                                    f"records {marker['sha256']}: the object was changed outside the store")
         present = pq.read_schema(pa.BufferReader(data)).names if columns else []
-        missing = [c for c in columns or [] if c not in present]
+        later = set(schema_for(stage).added_later) if stage in SCHEMAS else set()
+        missing = [c for c in columns or [] if c not in present and c not in later]
         if missing:
             raise TableValidationError(f"{stage} @ {key} (on read)", missing[0], None, "column_present",
                                        "column is missing")
-        table = pq.read_table(pa.BufferReader(data), columns=columns)
+        table = pq.read_table(pa.BufferReader(data), columns=[c for c in columns if c in present] if columns else None)
+        for name in [c for c in columns or [] if c not in present]:  # added to the schema after this was written
+            typ = schema_for(stage).columns[name][0]
+            table = table.append_column(pa.field(name, typ), pa.nulls(table.num_rows, typ))
+        if columns:
+            table = table.select(columns)
         if validate and columns is not None:
             schema = schema_for(stage)
             for name in columns:
@@ -267,10 +306,10 @@ class Store:
         return self.is_committed(stage_key(run_id, step, stage))
 
     def write_manifest(self, manifest: RunManifest) -> str:
-        return self.put_json(f"runs/{manifest.run_id}/manifest.json", manifest.model_dump())
+        return self.put_json(f"runs/{check_run_id(manifest.run_id)}/manifest.json", manifest.model_dump())
 
     def read_manifest(self, run_id: str) -> RunManifest | None:
-        key = f"runs/{run_id}/manifest.json"
+        key = f"runs/{check_run_id(run_id)}/manifest.json"
         return RunManifest.model_validate(self.get_json(key)) if self.exists(key) else None
 
     # -- internals ----------------------------------------------------------------------

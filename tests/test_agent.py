@@ -296,7 +296,7 @@ def test_episode_on_real_server_records_exact_tokens(calc_sandbox, policy_client
 
 def test_collect_writes_valid_trajectories_and_marks_infra_errors(policy_client, tokenizer, r2e_tasks, sandbox_store,
                                                                    sandbox_rootfs):
-    from tasks.rollout import RolloutSpec, collect
+    from tasks.rollout import RolloutSpec, collect, partial_parts
 
     cfg = RunConfig.model_validate({
         "sandbox": sandbox_cfg("bwrap").model_dump(),
@@ -316,7 +316,9 @@ def test_collect_writes_valid_trajectories_and_marks_infra_errors(policy_client,
     by_task = {r["instance_id"]: r for r in rows}
     assert by_task["broken-env"]["finish_reason"] == "infra_error" and "sandbox" in by_task["broken-env"]["error"]
     assert by_task[r2e_tasks["calc"]["row"]["instance_id"]]["finish_reason"] != "infra_error"
-    assert sandbox_store.is_committed("runs/t/step-00001/trajectories_partial.parquet")
+    # finished episodes were committed as they finished, in append-only parts
+    parts = partial_parts(sandbox_store, "runs/t/step-00001/trajectories_partial.parquet")
+    assert parts and sum(sandbox_store.read_table(k).num_rows for k in parts) == 4
     # a rerun of the stage reuses what the partial table holds and runs nothing again
     again = asyncio.run(collect(tasks, spec, None, tokenizer, cfg, sandbox_store,
                                 partial_key="runs/t/step-00001/trajectories_partial.parquet"))

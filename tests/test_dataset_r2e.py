@@ -140,3 +140,27 @@ def test_training_order_fixed_and_shuffled():
     assert b[0] + b[1] + b[2][:4] == fixed[0] and b[2][4:] == fixed[0][:4]
     with pytest.raises(ValueError):
         training_order(ids, order="random")
+
+
+def test_environment_uri_must_stay_in_the_dataset_store(rows, file_store):
+    good = [r for r in rows if r["repo_name"] in ("aiohttp", "tornado", "pillow", "datalad")][:4]
+    inside = file_store.uri("environments/a.tar.gz")
+    hostile = {
+        "file:///etc/shadow": "not inside the dataset store",
+        "s3://other-bucket/environments/a.tar.gz": "not inside the dataset store",
+        inside.replace("environments/", "environments/../../../"): "leaves the dataset store",
+        "environments/../../outside.tar.gz": "leaves the dataset store",
+    }
+    for uri, problem in hostile.items():
+        test_rows = [dict(good[0], environment_uri=uri)] + good[1:] + [dict(good[1], commit_hash="f" * 40)]
+        # A hostile row is left out and reported by instance and column; the rest still load.
+        table, report = r2e.to_tasks(test_rows, 3, 1, store=file_store)
+        iid = r2e.instance_id_for(good[0])
+        assert [(i.instance, i.column) for i in report.issues] == [(iid, "environment_uri")], uri
+        assert problem in str(report.issues[0]) and iid not in table["instance_id"].to_pylist()
+    # Keys and URIs under the store's root are kept as given; without a store only keys are.
+    ok = [dict(good[0], environment_uri=inside), dict(good[1], environment_uri="environments/b.tar.gz")] + good[2:]
+    table, report = r2e.to_tasks(ok, 3, 1, store=file_store)
+    assert not report.issues and set(table["environment_uri"].to_pylist()) == {inside, "environments/b.tar.gz", None}
+    _, report = r2e.to_tasks(ok, 2, 1)
+    assert [i.column for i in report.issues] == ["environment_uri"] and "none given" in str(report.issues[0])

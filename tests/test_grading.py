@@ -155,9 +155,71 @@ def test_patch_editing_hidden_tests_or_runner_is_ignored(sandbox_backend, r2e_ta
              "diff --git a/r2e_tests/test_1.py b/r2e_tests/test_1.py\ndeleted file mode 100644\n"
              "--- a/r2e_tests/test_1.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n")
     res = grade(sandbox_backend, task, cheat, sandbox_store)
-    assert (res.reward, res.patch_applied, len(res.dropped_paths)) == (0.0, True, 3)
+    assert (res.reward, res.patch_applied, len(res.harness_changes)) == (0.0, True, 3)
     res = grade(sandbox_backend, task, cheat + task["gold"], sandbox_store)
     assert (res.reward, res.patch_applied) == (1.0, True)  # the solution part still counts
+
+
+# -- reward hacking: a patch must not change what runs the tests ------------------------------
+def new_file(path: str, content: str, quoted: bool = False) -> str:
+    """A git patch creating `path`; `quoted` writes the names C-quoted ("b/.\\166env/...")."""
+    if quoted:
+        a, b = ('"%s/%s"' % (side, path.replace(".venv", ".\\166env")) for side in "ab")
+    else:
+        a, b = f"a/{path}", f"b/{path}"
+    lines = content.rstrip("\n").split("\n")
+    return (f"diff --git {a} {b}\nnew file mode 100755\n--- /dev/null\n+++ {b}\n@@ -0,0 +1,{len(lines)} @@\n"
+            + "".join("+" + ln + "\n" for ln in lines))
+
+
+def forged_summary(row) -> str:
+    """Python that prints pytest's summary with exactly the statuses the task expects."""
+    expected = json.loads(row["expected_output_json"])
+    lines = ["short test summary info"] + [f"{st} r2e_tests/test_1.py::{key.replace('.', '::')}"
+                                           for key, st in expected.items()]
+    return f"print({chr(10).join(lines)!r})\n"
+
+
+CALC_FIX_IN_PLUGIN = "import calc\ncalc.add = lambda a, b: a + b\n"
+
+
+def hacks(row) -> dict[str, str]:
+    """Patches that earn reward 1 with no fix from a grader that applies them as they are
+    (each checked against the previous grader); sitecustomize.py and *.pth are refused as well
+    (test_grading_r2e.py), though cwd is not on sys.path when Python's site module runs."""
+    forged = forged_summary(row)
+    venv_python = ('diff --git "a/.\\166env/bin/python" "b/.\\166env/bin/python"\ndeleted file mode 120000\n'
+                   '--- "a/.\\166env/bin/python"\n+++ /dev/null\n@@ -1 +0,0 @@\n-/usr/bin/python3\n'
+                   '\\ No newline at end of file\n')
+    return {
+        "root conftest.py fixes the function at import": new_file("conftest.py", CALC_FIX_IN_PLUGIN),
+        "pytest.py shadows pytest": new_file("pytest.py", forged),
+        "C-quoted .venv/bin/python replaced": venv_python + new_file(
+            ".venv/bin/python", "#!/bin/sh\n/usr/bin/python3 -c " + json.dumps(forged.strip()), quoted=True),
+        "setup.cfg adds a plugin": new_file("calc_plugin.py", CALC_FIX_IN_PLUGIN)
+        + new_file("setup.cfg", "[tool:pytest]\naddopts = -p calc_plugin\n"),
+        "pytest.ini adds a plugin": new_file("calc_plugin.py", CALC_FIX_IN_PLUGIN)
+        + new_file("pytest.ini", "[pytest]\naddopts = -p calc_plugin\n"),
+        "git-ignored pytest.py": new_file(".gitignore", "pytest.py\n") + new_file("pytest.py", forged),
+    }
+
+
+@pytest.mark.parametrize("hack", sorted(hacks({"expected_output_json": "{}"})))
+def test_patch_that_changes_the_test_harness_earns_nothing(sandbox_backend, r2e_tasks, sandbox_store, hack):
+    task = r2e_tasks["calc"]
+    patch = hacks(task["row"])[hack]
+    res = grade(sandbox_backend, task, patch, sandbox_store)
+    assert (res.grading_status, res.reward) == ("graded", 0.0), (res.error, res.test_output[-2000:])
+    assert res.harness_changes, "the removed changes are reported"
+    # The honest part of a patch still counts: the same hack plus the real fix scores 1.
+    fixed = grade(sandbox_backend, task, patch + task["gold"], sandbox_store)
+    assert (fixed.reward, fixed.harness_changes) == (1.0, res.harness_changes), fixed.test_output[-2000:]
+
+
+def test_repo_config_outside_its_pytest_section_may_change(sandbox_rootfs, r2e_tasks, sandbox_store):
+    task = r2e_tasks["calc"]
+    res = grade("bwrap", task, new_file("setup.cfg", "[metadata]\nname = calc\n") + task["gold"], sandbox_store)
+    assert (res.reward, res.harness_changes) == (1.0, [])
 
 
 def test_patch_that_does_not_apply_is_a_clear_zero(sandbox_backend, r2e_tasks, sandbox_store):
@@ -246,7 +308,8 @@ def test_setup_timeout_and_harness_kill_are_infra_errors(monkeypatch):
         return _ok_script(cmd)
 
     _fake_open(monkeypatch, [apply_times_out, placing_killed])
-    res = grade_patch(ROW, "diff --git a/x b/x\n", sandbox_cfg("bwrap", infra_retries=1), None)
+    patch = "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n"
+    res = grade_patch(ROW, patch, sandbox_cfg("bwrap", infra_retries=1), None)
     assert (res.grading_status, res.reward, res.attempts) == ("infra_error", None, 2)
     assert "set-up failed" in res.error
 

@@ -3,7 +3,9 @@ Pure functions: no sandbox needed."""
 
 import json
 
-from tasks.grading import clean_test_output, filter_patch, parse_log_pytest, r2e_reward
+import pytest
+
+from tasks.grading import clean_test_output, harness_reason, parse_log_pytest, patch_paths, r2e_reward
 
 SUMMARY = "=========================== short test summary info ============================\n"
 
@@ -160,33 +162,49 @@ FAILED r2e_tests/test_1.py::TestAdd::test_add - assert -1 == 5
     assert r2e_reward(parsed, gold) == 0.0
 
 
-# -- filter_patch -----------------------------------------------------------------------------
+# -- what a patch may not change ---------------------------------------------------------------
 def _section(path: str, body: str = "@@ -1 +1 @@\n-a\n+b\n") -> str:
     return f"diff --git a/{path} b/{path}\nindex 1..2 100644\n--- a/{path}\n+++ b/{path}\n{body}"
 
 
-def test_filter_keeps_solution_and_drops_hidden_tests_runner_and_venv():
-    patch = (_section("pkg/mod.py") + _section("r2e_tests/test_1.py") + _section("run_tests.sh")
-             + _section(".venv/bin/python") + _section("tests/r2e_tests_like.py") + _section("sub/run_tests.sh"))
-    kept, dropped = filter_patch(patch)
-    assert kept == _section("pkg/mod.py") + _section("tests/r2e_tests_like.py") + _section("sub/run_tests.sh")
-    assert dropped == ["diff --git a/r2e_tests/test_1.py b/r2e_tests/test_1.py",
-                       "diff --git a/run_tests.sh b/run_tests.sh",
-                       "diff --git a/.venv/bin/python b/.venv/bin/python"]
+def test_patch_paths_are_gits_parse_not_the_header_text():
+    quoted = ('diff --git "a/.\\166env/bin/python" "b/.\\166env/bin/python"\nnew file mode 100755\n'
+              '--- /dev/null\n+++ "b/.\\166env/bin/python"\n@@ -0,0 +1 @@\n+echo PASSED\n')
+    rename = "diff --git a/pkg/x.py b/r2e_tests/x.py\nsimilarity index 100%\nrename from pkg/x.py\nrename to r2e_tests/x.py\n"
+    plain = "--- a/run_tests.sh\n+++ b/run_tests.sh\n@@ -1 +1 @@\n-a\n+b\n"
+    assert patch_paths(_section("pkg/mod.py") + quoted + rename) == ["pkg/mod.py", ".venv/bin/python", "r2e_tests/x.py"]
+    assert patch_paths(plain) == ["run_tests.sh"]
+    for bad in ("this is not a diff\n", "diff --git a/x b/x\n"):
+        with pytest.raises(Exception, match="No valid patches"):
+            patch_paths(bad)
 
 
-def test_filter_catches_new_files_renames_and_plain_unified_diffs():
-    new = ("diff --git a/r2e_tests/conftest.py b/r2e_tests/conftest.py\nnew file mode 100644\n"
-           "--- /dev/null\n+++ b/r2e_tests/conftest.py\n@@ -0,0 +1 @@\n+x\n")
-    rename = ("diff --git a/pkg/x.py b/r2e_tests/x.py\nsimilarity index 100%\nrename from pkg/x.py\n"
-              "rename to r2e_tests/x.py\n")
-    kept, dropped = filter_patch(new + rename)
-    assert kept == "" and len(dropped) == 2
-    plain = "--- a/run_tests.sh\n+++ b/run_tests.sh\n@@ -1 +1 @@\n-a\n+b\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n"
-    kept, dropped = filter_patch(plain)
-    assert kept == "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n" and dropped == ["--- a/run_tests.sh"]
+@pytest.mark.parametrize("path, added, why", [
+    ("pkg/mod.py", False, None), ("tests/r2e_tests_like.py", False, None), ("sub/run_tests.sh", False, None),
+    ("r2e_tests/test_1.py", False, "environment"), ("run_tests.sh", False, "environment"),
+    (".venv/bin/python", False, "environment"), (".git/config", False, "environment"),
+    ("conftest.py", False, "pytest loads"), ("pkg/tests/conftest.py", False, "pytest loads"),
+    ("pytest.ini", False, "pytest loads"), ("tox.ini", False, "pytest loads"),
+    ("sitecustomize.py", False, "start-up"), ("pkg/usercustomize.py", False, "start-up"),
+    ("x.pth", False, "start-up"), ("pkg/__pycache__/m.cpython-311.pyc", False, "bytecode"),
+    ("pytest.py", True, "shadows the module pytest"), ("json/", True, "shadows the module json"),
+    ("src/random.py", True, "shadows the module random"), ("_pytest/__init__.py", True, "shadows"),
+    ("pkg/json.py", True, None), ("json.py", False, None), ("setup.cfg", True, None),
+])
+def test_harness_paths(path, added, why):
+    got = harness_reason(path, added=added)
+    assert (got is None) if why is None else (got is not None and why in got), got
 
 
-def test_filter_leaves_non_diffs_alone_for_git_apply_to_reject():
-    assert filter_patch("this is not a diff\n") == ("this is not a diff\n", [])
-    assert filter_patch("") == ("", [])
+def test_pytest_section_compares_content_not_text():
+    from tasks.grading.grader import _pytest_section
+
+    a = "[metadata]\nname = x\n[tool:pytest]\naddopts = -q\n"
+    b = "[metadata]\nname = y\n\n[tool:pytest]\naddopts   = -q\n"
+    assert _pytest_section(a, "ini", ("tool:pytest",)) == _pytest_section(b, "ini", ("tool:pytest",))
+    assert _pytest_section(a, "ini", ("tool:pytest",)) != _pytest_section(a.replace("-q", "-p no:x"), "ini",
+                                                                        ("tool:pytest",))
+    t = '[project]\nname = "x"\n[tool.pytest.ini_options]\naddopts = "-q"\n'
+    assert _pytest_section(t, "toml", ("tool", "pytest")) == {"ini_options": {"addopts": "-q"}}
+    assert _pytest_section('[project]\nname = "y"\n', "toml", ("tool", "pytest")) is None
+    assert str(_pytest_section("[broken", "toml", ("tool", "pytest"))).startswith("unparseable")

@@ -36,3 +36,27 @@ def test_invalid_values_fail_clearly(override, needle):
 def test_unknown_preset():
     with pytest.raises(ConfigError, match="unknown preset 'huge'"):
         load_config("huge")
+
+
+@pytest.mark.parametrize("override,field", [
+    ("grpo.prompts_per_step=true", "grpo.prompts_per_step"),  # ran as 1 before
+    ("sandbox.cpus=false", "sandbox.cpus"),
+    ("optimizer.lr=true", "optimizer.lr"),  # float | None
+    ("optimizer.betas=[true, 0.9]", "optimizer.betas"),
+    ("sft.max_steps=true", "sft.max_steps"),  # int | None
+    ("agent.validation.max_tokens_per_turn=true", "agent.validation.max_tokens_per_turn"),  # nested twice
+])
+def test_booleans_are_not_numbers(override, field):
+    with pytest.raises(ConfigError) as e:
+        load_config("mini", [override])
+    assert f"{field}: " in str(e.value) and "not booleans" in str(e.value)
+
+
+def test_json_numbers_and_lists_still_coerce():
+    cfg = load_config("mini", ["sandbox.cpus=2", "optimizer.lr=1", "optimizer.betas=[0.9, 0.95]",
+                               "inference.enforce_eager=true", "grpo.normalize_rewards=false"])
+    assert cfg.sandbox.cpus == 2.0 and isinstance(cfg.sandbox.cpus, float) and cfg.optimizer.lr == 1.0
+    assert cfg.optimizer.betas == (0.9, 0.95) and cfg.inference.enforce_eager is True
+    assert cfg.grpo.normalize_rewards is False
+    with pytest.raises(ValueError, match="takes numbers, not booleans"):
+        cfg.grpo.prompts_per_step = True  # assignment is validated too

@@ -41,6 +41,13 @@ VIOLATIONS = [
     ("rewards", 1, {"reward": 0.5}, "reward", "reward_binary"),
     ("rewards", 2, {"grading_status": "graded"}, "reward", "reward_iff_graded"),
     ("rewards", 0, {"test_statuses": "[]"}, "test_statuses", "test_statuses_json"),
+    ("rewards", 1, {"attempts": -1}, "attempts", "nonnegative"),
+    ("rewards", 2, {"test_seconds": -0.5}, "test_seconds", "nonnegative"),
+    ("rewards", 0, {"sandbox_start_seconds": float("nan")}, "sandbox_start_seconds", "nonnegative"),
+    ("trajectories", 2, {"num_turns": -1}, "num_turns", "nonnegative"),
+    ("trajectories", 1, {"prompt_length": -3}, "prompt_length", "nonnegative"),
+    ("trajectories", 0, {"generation_seconds": -1.0}, "generation_seconds", "nonnegative"),
+    ("trajectories", 2, {"tool_errors": -2}, "tool_errors", "nonnegative"),
     ("advantages", 1, {"advantage": float("inf")}, "advantage", "advantage_finite"),
     ("advantages", 2, {"masked": True}, "mask_reason", "masked_has_reason"),
     ("eval_samples", 1, {"reward": None}, "reward", "reward_unless_masked"),
@@ -102,3 +109,18 @@ def test_from_rows_names_the_bad_cell():
     with pytest.raises(TableValidationError) as e:
         TRAJECTORIES.from_rows(rows)
     assert e.value.column == "step" and rows[1]["rollout_id"] in str(e.value)
+
+
+def test_negative_token_ids_are_rejected():
+    rows = [R.trajectory_row(i) for i in range(3)]
+    rows[2]["token_ids"] = [-7] + rows[2]["token_ids"][1:]  # same length: only the value is wrong
+    with pytest.raises(TableValidationError) as e:
+        TRAJECTORIES.validate(TRAJECTORIES.from_rows(rows))
+    assert (e.value.column, e.value.rule) == ("token_ids", "token_ids_nonnegative")
+    assert rows[2]["rollout_id"] in str(e.value)
+
+
+def test_demonstrations_keep_policy_version_minus_one():
+    # The scripted solver's version is -1 (tasks/agent/scripted.py): not a count, so no sign rule.
+    rows = [dict(R.trajectory_row(i), policy_version=-1) for i in range(2)]
+    TRAJECTORIES.validate(TRAJECTORIES.from_rows(rows))

@@ -2,9 +2,12 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +15,8 @@ import pytest
 
 from schemas.manifest import Attempt, RunManifest
 from schemas.tables import TRAJECTORIES, TableValidationError
-from tasks.storage import (StageConflictError, StageNotCommittedError, StorageError, Store, stage_key)
+from tasks.storage import (CorruptTableError, StageConflictError, StageNotCommittedError, StorageError, Store,
+                           stage_key)
 from tests import rows as R
 
 
@@ -115,6 +119,73 @@ def test_unreachable_endpoint_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with pytest.raises(StorageError, match="cannot reach S3 bucket 'b'"):
         Store("s3://b/x", endpoint_url="http://127.0.0.1:9")
+
+
+def test_a_flipped_byte_in_a_committed_table_is_an_error(store):
+    commit = store.write_stage("run-f", 1, "trajectories", _trajectories())
+    data = bytearray(store.get_bytes(commit.key))
+    data[len(data) // 2] ^= 0x01  # same length: only the digest can tell
+    store.put_bytes(commit.key, bytes(data))
+    with pytest.raises(CorruptTableError) as e:
+        store.read_stage("run-f", 1, "trajectories")
+    import hashlib
+
+    actual = hashlib.sha256(bytes(data)).hexdigest()
+    msg = str(e.value)
+    assert store.uri(commit.key) in msg and commit.sha256 in msg and actual in msg and isinstance(e.value, StorageError)
+
+
+@pytest.fixture
+def silent_endpoint():
+    """An "S3 endpoint" on 127.0.0.1 that accepts connections and never answers."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    srv.settimeout(0.2)
+    conns, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conns.append(srv.accept()[0])
+            except OSError:  # the 0.2 s timeout, or the socket closed
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}", conns
+    stop.set()
+    t.join(5)
+    for c in conns:
+        c.close()
+    srv.close()
+
+
+@pytest.mark.timeout(90)
+def test_silent_endpoint_fails_within_a_minute(monkeypatch, silent_endpoint):
+    endpoint, conns = silent_endpoint
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    t0 = time.monotonic()
+    with pytest.raises(StorageError) as e:
+        Store("s3://b/x", endpoint_url=endpoint)
+    elapsed = time.monotonic() - t0
+    assert conns, "the client never connected"
+    assert 5 < elapsed < 75, elapsed  # the read timeouts and retries ran, bounded (was 412 s)
+    assert f"cannot reach S3 bucket 'b' at {endpoint}" in str(e.value)
+
+
+@pytest.mark.timeout(60)
+def test_refused_endpoint_fails_fast(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    t0 = time.monotonic()
+    with pytest.raises(StorageError, match=f"cannot reach S3 bucket 'b' at {endpoint}"):
+        Store("s3://b/x", endpoint_url=endpoint)
+    assert time.monotonic() - t0 < 30
 
 
 def test_manifest_round_trip(store):

@@ -14,6 +14,9 @@ from tests.fixtures.smoke_run import REPO, SMOKE_STORE_ROOT
 
 SCREENSHOT_DIR = REPO / ".rlvr" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
+# Runs started from the session's UI (infra/ui.sh -> flows/deployments.py) go to the test store, never
+# the user's .rlvr/store; set at import, before the session-scoped prefect_ui fixture copies the environment.
+os.environ["RLVR_UI_STORE"] = SMOKE_STORE_ROOT
 
 
 def _ctx(run_id: str):
@@ -29,6 +32,18 @@ def test_artifacts_are_noops_outside_a_flow_run():
     broken = types.SimpleNamespace(store=None, run_id="x", cfg=None)  # would raise if touched
     assert publish_step(broken, 1, {"rollouts": 1.0}) is None
     assert publish_run(broken, {}) is None
+
+
+def test_ui_runs_use_the_ui_store_unless_an_override_names_one(monkeypatch):
+    from flows.deployments import _config
+
+    monkeypatch.setenv("RLVR_UI_STORE", SMOKE_STORE_ROOT)
+    cfg, ov = _config("smoke", ["max_steps=1"])
+    assert cfg.storage.root == SMOKE_STORE_ROOT and ov == {"max_steps": 1, "storage": {"root": SMOKE_STORE_ROOT}}
+    cfg, _ = _config("smoke", ["storage.root=file:///tmp/elsewhere"])
+    assert cfg.storage.root == "file:///tmp/elsewhere"
+    monkeypatch.delenv("RLVR_UI_STORE")
+    assert _config("smoke", [])[0].storage.root == "file://.rlvr/store"  # `make ui` for a person: the preset's
 
 
 def test_run_artifacts_in_a_flow_run(prefect_api, smoke_run):
@@ -128,8 +143,10 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
             browser.close()
     from tasks.storage import Store
 
-    m = Store(f"file://{REPO}/.rlvr/store").read_manifest(run_id)  # a form run uses the preset's own store
+    m = Store(SMOKE_STORE_ROOT).read_manifest(run_id)  # a form run uses the UI's store (RLVR_UI_STORE)
     assert m is not None and m.preset == "smoke" and m.status in ("succeeded", "target_not_reached")
+    user = REPO / ".rlvr" / "store" / "runs" / run_id
+    assert not user.exists(), f"the UI run wrote into the user's store: {user}"
 
 
 def _fill_form(page, run_id: str) -> None:

@@ -70,16 +70,27 @@ def tasks_key(dataset_id: str) -> str:
     return f"datasets/{dataset_id}/tasks.parquet"
 
 
-def build_dataset(cfg, store, sandbox_cfg=None, verify: bool = True) -> str:
-    """The tasks table's key for a DatasetConfig: generated (mini) or loaded (r2e)."""
+def tasks_sha256(table) -> str:
+    """sha256 of a tasks table's content: its rows in instance_id order, every column but
+    environment_uri (where this store keeps the archive, not what is in it)."""
+    h = hashlib.sha256()
+    for row in sorted(table.to_pylist(), key=lambda r: r["instance_id"]):
+        row.pop("environment_uri", None)
+        h.update(json.dumps(row, sort_keys=True, default=str).encode() + b"\n")
+    return h.hexdigest()
+
+
+def build_dataset(cfg, store, sandbox_cfg=None, verify: bool = True, progress=None) -> str:
+    """The tasks table's key for a DatasetConfig: generated (mini) or loaded (r2e).
+    progress(what, total) -> callable, when given, counts the verification's gradings."""
     if cfg.source == "r2e":
         from tasks.dataset.r2e import load_r2e_dataset
 
         return load_r2e_dataset(cfg, store)
-    return build_mini_benchmark(cfg, store, sandbox_cfg, verify=verify)
+    return build_mini_benchmark(cfg, store, sandbox_cfg, verify=verify, progress=progress)
 
 
-def build_mini_benchmark(cfg, store, sandbox_cfg=None, verify: bool = True, verifier=None) -> str:
+def build_mini_benchmark(cfg, store, sandbox_cfg=None, verify: bool = True, verifier=None, progress=None) -> str:
     """Generate the mini benchmark, store archives + table, verify every task; returns the table key.
 
     Cached: an already built (and, if `verify`, verified) dataset returns at once.
@@ -109,7 +120,10 @@ def build_mini_benchmark(cfg, store, sandbox_cfg=None, verify: bool = True, veri
                  did, len(rows), t1 - t0, time.monotonic() - t1)
     if verify:
         t0 = time.monotonic()
-        (verifier or verify_tasks)(rows, store, sandbox_cfg)
+        if verifier is not None:
+            verifier(rows, store, sandbox_cfg)
+        else:
+            verify_tasks(rows, store, sandbox_cfg, progress)
         seconds = time.monotonic() - t0
         log.info("mini benchmark %s: verified %d tasks in %.1f s", did, len(rows), seconds)
     if not store.is_committed(key):
@@ -170,12 +184,13 @@ def _precheck(row: dict) -> tuple[str | None, str | None]:
     return patch, None
 
 
-def verify_tasks(rows: list[dict], store, sandbox_cfg) -> None:
+def verify_tasks(rows: list[dict], store, sandbox_cfg, progress=None) -> None:
     """Grade the gold patch (must score 1) and the empty patch (must score 0) of every row in a sandbox.
 
     Uses tasks.grading's pool (`grade_rollouts`, `sandbox_cfg.concurrency` sandboxes at once),
     so a task is verified exactly as a rollout is graded. Raises DatasetVerificationError
-    naming every failing instance and why.
+    naming every failing instance and why. progress(what, total), when given, makes a counter
+    that is called once per grading.
     """
     from tasks.grading import grade_rollouts  # the sandbox engineer's module; needs the sandbox image
 
@@ -191,7 +206,9 @@ def verify_tasks(rows: list[dict], store, sandbox_cfg) -> None:
     for items, want in ((gold_items, 1.0), (empty_items, 0.0)):
         if not items:
             continue
-        for r in grade_rollouts(items, sandbox_cfg, store).to_pylist():
+        what = f"dataset: verifying {'gold' if want else 'empty'} patches"
+        counter = progress(what, len(items)) if progress else None
+        for r in grade_rollouts(items, sandbox_cfg, store, on_graded=counter).to_pylist():
             if r["grading_status"] == "graded" and r["reward"] == want:
                 continue
             kind = "gold" if want == 1.0 else "empty"

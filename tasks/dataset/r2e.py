@@ -172,7 +172,26 @@ def _text(value):
     return value
 
 
-def _check_row(row: dict, label: str) -> tuple[dict | None, list[RowIssue]]:
+def _environment_uri(value, store):
+    """A store key or a URI under the store's root: the archive is fetched and extracted on the host,
+    so a row must not name any other file (file:///etc/shadow) or bucket."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be a store key or URI (text), got {type(value).__name__}")
+    if not value.strip():  # as good as absent: the task runs in its docker_image
+        return None
+    rel = value
+    if "://" in value:
+        root = store.root.rstrip("/") + "/" if store is not None else None
+        if root is None or not value.startswith(root):
+            where = f"the dataset store {store.root}" if store is not None else "a store (none given: use a store key)"
+            raise ValueError(f"{value!r} is not inside {where}")
+        rel = value[len(root):]
+    if rel.startswith("/") or ".." in rel.split("/"):
+        raise ValueError(f"{value!r} leaves the dataset store (absolute or '..')")
+    return value
+
+
+def _check_row(row: dict, label: str, store=None) -> tuple[dict | None, list[RowIssue]]:
     """The row with our columns normalised, or None and the problems found (all of them)."""
     issues, out = [], {}
 
@@ -212,6 +231,7 @@ def _check_row(row: dict, label: str) -> tuple[dict | None, list[RowIssue]]:
     check("modified_files", _str_list)
     check("relevant_files", _str_list, required=False)
     check("prompt", _text, required=False)
+    check("environment_uri", lambda v: _environment_uri(v, store), required=False)
     return (None if issues else out), issues
 
 
@@ -227,15 +247,16 @@ def _order_key(seed: int, instance_id: str) -> str:
 
 
 def to_tasks(rows: list[dict], num_train: int, num_validation: int, seed: int = 0,
-             source: str = "rows") -> tuple[pa.Table, LoadReport]:
-    """Check rows, give them ids and splits, and build the validated tasks table."""
+             source: str = "rows", store=None) -> tuple[pa.Table, LoadReport]:
+    """Check rows, give them ids and splits, and build the validated tasks table.
+    `store`: the dataset store, the only place an `environment_uri` may point (None: keys only)."""
     report = LoadReport(source=source, total=len(rows))
     good: dict[str, dict] = {}
     first_seen: dict[str, int] = {}
     for i, row in enumerate(rows):
         iid = instance_id_for(row)
         label = iid or f"row #{i}"
-        checked, issues = _check_row(row, label)
+        checked, issues = _check_row(row, label, store)
         if iid is not None and iid in first_seen:
             issues.append(RowIssue(label, "commit_hash", f"duplicate instance (same repo and commit as row #{first_seen[iid]})"))
             checked = None
@@ -244,8 +265,7 @@ def to_tasks(rows: list[dict], num_train: int, num_validation: int, seed: int = 
             continue
         first_seen[iid] = i
         extras = {k: _extra(v) for k, v in row.items() if k not in TASKS.columns}
-        good[iid] = dict(checked, instance_id=iid, environment_uri=row.get("environment_uri"),
-                         bug_family=row.get("bug_family"), **extras)
+        good[iid] = dict(checked, instance_id=iid, bug_family=row.get("bug_family"), **extras)
     report.kept = len(good)
     need = num_train + num_validation
     if len(good) < need:
@@ -289,7 +309,7 @@ def load_r2e_dataset(cfg, store, strict: bool = False) -> str:
     if store.is_committed(key):
         return key
     table, report = to_tasks(read_rows(cfg.path, store, data), cfg.num_train, cfg.num_validation, cfg.seed,
-                             source=os.path.basename(cfg.path) or cfg.path)
+                             source=os.path.basename(cfg.path) or cfg.path, store=store)
     if strict and report.issues:
         raise DatasetError(report.summary())
     log.info(report.summary())

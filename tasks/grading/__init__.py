@@ -6,8 +6,8 @@
 See grader.py for the steps and outcomes, r2e.py for the exact reward semantics.
 """
 
-from tasks.grading.grader import GradeResult, filter_patch, grade_patch, grade_rollouts
+from tasks.grading.grader import GradeResult, grade_patch, grade_rollouts, harness_reason, patch_paths
 from tasks.grading.r2e import clean_test_output, decolor_keys, parse_log_pytest, r2e_reward
 
-__all__ = ["GradeResult", "grade_patch", "grade_rollouts", "filter_patch", "parse_log_pytest",
+__all__ = ["GradeResult", "grade_patch", "grade_rollouts", "harness_reason", "patch_paths", "parse_log_pytest",
            "decolor_keys", "r2e_reward", "clean_test_output"]

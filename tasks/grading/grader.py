@@ -1,10 +1,25 @@
 """Grading: a rollout's final patch -> R2E-Gym reward, in a fresh sandbox of its task.
 
 Per rollout: start a grading-mode sandbox (hidden tests at /root, out of the patch's
-reach) -> drop the patch's sections that touch r2e_tests/, run_tests.sh or .venv (the
-environment, not the solution) -> `git apply --whitespace=fix` (R2E-Gym's flags) ->
-replace /testbed/r2e_tests and /testbed/run_tests.sh by a link to /root/r2e_tests ->
-`bash /root/run_tests.sh` under the test timeout -> parse and compare (tasks/grading/r2e.py).
+reach) -> `git apply --whitespace=fix` (R2E-Gym's flags) without the patch's harness
+changes (below) -> replace /testbed/r2e_tests by a link to /root/r2e_tests -> `bash
+/root/run_tests.sh` under the test timeout -> parse and compare (tasks/grading/r2e.py).
+
+What a patch may not change (the reward is R2E-Gym's for everything else). R2E-Gym grades
+in the agent's own container, so a patch there can rewrite the tests' surroundings; here a
+patch may not add, change, delete or rename:
+- the environment: r2e_tests/, run_tests.sh, .venv/, .git/;
+- what pytest loads around the tests: any conftest.py, pytest.ini, .pytest.ini, tox.ini,
+  and the pytest sections of the repo's setup.cfg ([tool:pytest]) and pyproject.toml
+  ([tool.pytest.ini_options], [tool.pytest]);
+- what Python loads at start-up: sitecustomize.py, usercustomize.py, *.pth, bytecode
+  (__pycache__/, *.pyc);
+- nor add a module or package, at the repo root or in src/, named like one of the standard
+  library or pytest's own (pytest, _pytest, pluggy, py, iniconfig): it would shadow it.
+Such file changes are removed before the tests run and the rest of the patch is graded;
+`harness_changes` in the rewards table lists them (a reward-hacking signal the step summary
+counts). Which paths a patch touches is decided by git's own parse (`git apply --numstat -z`
+on the host, then `git status` in the sandbox after applying), never by reading header text.
 
 Outcomes:
 - graded, reward 1/0: the tests ran (a timeout, a crash, an OOM-killed pytest are the
@@ -16,10 +31,15 @@ Outcomes:
 
 from __future__ import annotations
 
+import configparser
 import json
-import posixpath
+import shlex
+import signal
+import subprocess
+import sys
 import threading
 import time
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -29,13 +49,16 @@ from schemas.tables import REWARDS
 from tasks.grading.r2e import clean_test_output, parse_log_pytest, r2e_reward
 from tasks.sandbox import EnvironmentSpecError, SandboxInfraError, close_all, open_sandbox, reap_stale
 
-PROTECTED = ("r2e_tests", "run_tests.sh", ".venv")
-# One sandbox command for the set-up: R2E-Gym's `git apply --whitespace=fix` (the patch on
-# stdin: same semantics as a file, one process less), then the hidden tests replace whatever
-# /testbed has under their names. Exit 97 = the patch did not apply, with git's message.
-APPLY = 'out=$(git apply --whitespace=fix - 2>&1) || { printf "%s" "$out"; exit 97; }'
-PLACE_TESTS = "rm -rf r2e_tests run_tests.sh && ln -s /root/r2e_tests r2e_tests"
+GIT = "/usr/bin/git"  # the image's, never a PATH lookup: /testbed/.venv/bin comes first there
+ENVIRONMENT = ("r2e_tests", "run_tests.sh", ".venv", ".git")
+PYTEST_FILES = ("conftest.py", "pytest.ini", ".pytest.ini", "tox.ini")
+STARTUP_FILES = ("sitecustomize.py", "usercustomize.py")
+SHADOWED = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig"}
+# Root config files that may change only outside their pytest section: (format, section path).
+PYTEST_SECTIONS = {"setup.cfg": ("ini", ("tool:pytest",)),
+                   "pyproject.toml": ("toml", ("tool", "pytest"))}
 PATCH_REJECTED = 97
+MARK = "\x1e@@rlvr-status@@\x1e"  # between git's messages and the status listings
 MAX_ERROR_CHARS = 4000
 
 
@@ -51,70 +74,76 @@ class GradeResult:
     test_seconds: float = 0.0
     total_seconds: float = 0.0
     test_output: str = ""  # the cleaned test log (capped); not part of the table
-    dropped_paths: list[str] = field(default_factory=list)
+    harness_changes: list[str] = field(default_factory=list)  # "path: why" for each change removed
 
     def row(self, rollout_id: str, run_id: str, step: int, instance_id: str) -> dict:
         return {"rollout_id": rollout_id, "run_id": run_id, "step": int(step), "instance_id": instance_id,
                 "reward": self.reward, "grading_status": self.grading_status, "error": self.error,
                 "patch_applied": self.patch_applied, "test_statuses": json.dumps(self.test_statuses, sort_keys=True),
                 "attempts": self.attempts, "sandbox_start_seconds": self.sandbox_start_seconds,
-                "test_seconds": self.test_seconds, "total_seconds": self.total_seconds}
+                "test_seconds": self.test_seconds, "total_seconds": self.total_seconds,
+                "harness_changes": self.harness_changes}
 
 
 # -- the patch ------------------------------------------------------------------------------
-def _section_paths(lines: list[str]) -> list[str]:
-    paths = []
-    for ln in lines:
-        if ln.startswith("diff --git "):
-            rest = ln[len("diff --git "):]
-            # "a/X b/Y": without quoting X == Y in the common case; split at " b/" as git does.
-            if rest.startswith('"') or " b/" not in rest:
-                paths.append(rest)
-            else:
-                a, _, b = rest.partition(" b/")
-                paths += [a, "b/" + b]
-        elif ln.startswith(("--- ", "+++ ")):
-            paths.append(ln[4:].split("\t")[0])
-        elif ln.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
-            paths.append(ln.split(" ", 2)[2])
-        elif ln.startswith("@@"):
-            break
-    return paths
+def harness_reason(path: str, added: bool = False) -> str | None:
+    """Why a patch may not touch `path` (repo-relative, as git parsed it); None if it may.
+    `added`: the path is new (only new modules can shadow)."""
+    is_dir = path.endswith("/")  # git status lists a new directory once, as "dir/"
+    parts = path.strip("/").split("/")
+    name = parts[-1]
+    if parts[0] in ENVIRONMENT:
+        return "the environment"
+    if name in PYTEST_FILES:
+        return "what pytest loads (" + name + ")"
+    if name in STARTUP_FILES or name.endswith(".pth"):
+        return "what Python loads at start-up (" + name + ")"
+    if "__pycache__" in parts or name.endswith((".pyc", ".pyo")):
+        return "bytecode"
+    if added:
+        top = parts[1:] if parts[0] == "src" and len(parts) > 1 else parts
+        module = top[0] if len(top) > 1 or is_dir else (top[0][:-3] if top[0].endswith(".py") else None)
+        if module in SHADOWED:
+            return f"shadows the module {module}"
+    return None
 
 
-def _protected(path: str) -> bool:
-    p = path.strip().strip('"')
-    if p == "/dev/null":
-        return False
-    if p.startswith(("a/", "b/")):
-        p = p[2:]
-    p = posixpath.normpath(p).lstrip("/")
-    return any(p == name or p.startswith(name + "/") for name in PROTECTED)
+def patch_paths(patch: str) -> list[str]:
+    """The paths a patch touches, as git parses them (C-quoted names decoded, a/ b/ stripped):
+    for each file section its new name, or its old one when the file is deleted."""
+    r = subprocess.run(["git", "apply", "--numstat", "-z", "-"], input=patch.encode(), capture_output=True,
+                       cwd="/", timeout=60)
+    if r.returncode != 0:
+        raise _PatchRejected(r.stderr.decode(errors="replace").strip() or "git apply cannot parse the patch")
+    fields = r.stdout.decode(errors="surrogateescape").split("\0")
+    return [f.split("\t", 2)[2] for f in fields if f.count("\t") >= 2]
 
 
-def filter_patch(patch: str) -> tuple[str, list[str]]:
-    """Drop the file sections of a patch that touch the hidden tests, run_tests.sh or .venv.
+def _wildmatch_literal(path: str) -> str:
+    return "".join("\\" + c if c in "*?[\\" else c for c in path)
 
-    Returns (patch to apply, dropped section headers). Text before the first section is kept
-    (git apply ignores it). Splits git diffs at "diff --git", plain unified diffs at "--- "
-    followed by "+++ ".
-    """
-    lines = patch.splitlines(keepends=True)
-    git_style = any(ln.startswith("diff --git ") for ln in lines)
-    starts = [i for i, ln in enumerate(lines)
-              if (ln.startswith("diff --git ") if git_style else
-                  ln.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "))]
-    if not starts:
-        return patch, []
-    kept = lines[: starts[0]]
-    dropped = []
-    for j, s in enumerate(starts):
-        section = lines[s: starts[j + 1] if j + 1 < len(starts) else len(lines)]
-        if any(_protected(p) for p in _section_paths(section)):
-            dropped.append(section[0].rstrip("\n"))
-        else:
-            kept += section
-    return "".join(kept), dropped
+
+def _status(text: str) -> dict[str, str]:
+    """`git status --porcelain -z` -> {path: XY}."""
+    return {e[3:]: e[:2] for e in text.split("\0") if len(e) > 3}
+
+
+def _pytest_section(text: str | None, fmt: str, section: tuple) -> object:
+    """The pytest part of a config file, comparable across versions; a file that does not parse
+    counts as changed (it could hide anything)."""
+    if text is None:
+        return None
+    try:
+        if fmt == "ini":
+            cp = configparser.RawConfigParser(strict=False)
+            cp.read_string(text)
+            return {k: v for k, v in cp.items(section[0])} if cp.has_section(section[0]) else None
+        data = tomllib.loads(text)
+        for key in section:
+            data = data.get(key) if isinstance(data, dict) else None
+        return data
+    except (configparser.Error, tomllib.TOMLDecodeError, UnicodeError) as e:
+        return f"unparseable: {e}"
 
 
 # -- one rollout ----------------------------------------------------------------------------
@@ -123,21 +152,45 @@ class _PatchRejected(Exception):
 
 
 def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
-    to_apply, res.dropped_paths = filter_patch(patch or "")
+    patch = patch or ""
+    names = patch_paths(patch) if patch.strip() else []
+    excluded = [(n, why) for n in names if (why := harness_reason(n))]
     t0 = time.monotonic()
     with open_sandbox(task_row, cfg, store, mode="grading") as sb:
         res.sandbox_start_seconds = time.monotonic() - t0
-        # An empty patch applies trivially (git apply itself rejects empty input).
-        patch_in = to_apply if to_apply.strip() else ""
-        setup = f"{APPLY}; {PLACE_TESTS}" if patch_in else PLACE_TESTS
-        r = sb.run(setup, timeout=cfg.command_timeout_s, stdin=patch_in or None)
+        # Status before and after applying: what the patch really changed, in git's terms.
+        status = f"{GIT} status --porcelain=v1 -z --ignored=matching -unormal"
+        steps = [f"printf '%s' '{MARK}'", status]
+        if patch.strip():  # git apply itself rejects empty input
+            excludes = " ".join(shlex.quote("--exclude=" + _wildmatch_literal(n)) for n, _ in excluded)
+            steps += [f'out=$({GIT} apply --whitespace=fix {excludes} - 2>&1) || '
+                      f'{{ printf "%s" "$out"; exit {PATCH_REJECTED}; }}']
+        steps += [f"printf '%s' '{MARK}'", status, "rm -rf r2e_tests run_tests.sh && ln -s /root/r2e_tests r2e_tests"]
+        r = sb.run(" && ".join(steps), timeout=cfg.command_timeout_s, stdin=patch if patch.strip() else None,
+                   output_cap=1024 * 1024)
         if r.timed_out:
             raise SandboxInfraError(f"set-up timeout: git apply / placing tests ran past {cfg.command_timeout_s:g}s")
         if r.exit_code == PATCH_REJECTED:
-            raise _PatchRejected(r.output.strip() or "git apply failed")
+            raise _PatchRejected(r.output.split(MARK)[-1].strip() or "git apply failed")
         if r.exit_code != 0:
             raise SandboxInfraError(f"set-up failed (exit {r.exit_code}): {r.output.strip()[:500]}")
         res.patch_applied = True
+        parts = r.output.split(MARK)
+        before, after = (_status(parts[1]), _status(parts[2])) if len(parts) == 3 else ({}, {})
+        changed = {p: xy for p, xy in after.items() if before.get(p) != xy}
+        revert = [(p, xy, why) for p, xy in changed.items()
+                  if (why := harness_reason(p, added=xy in ("??", "!!")))]
+        revert += _pytest_config_changes(sb, changed, cfg)
+        if revert:
+            tracked = [p for p, xy, _ in revert if xy not in ("??", "!!")]
+            new = [p for p, xy, _ in revert if xy in ("??", "!!")]
+            cmd = " && ".join(([f"{GIT} checkout HEAD -- {' '.join(map(shlex.quote, tracked))}"] if tracked else [])
+                              + ([f"rm -rf -- {' '.join(map(shlex.quote, new))}"] if new else []))
+            rr = sb.run(cmd, timeout=cfg.command_timeout_s)
+            if not rr.ok:
+                raise SandboxInfraError(f"set-up failed: cannot undo the patch's harness changes: {rr.output[:500]}")
+        res.harness_changes = ([f"{n}: {why}" for n, why in excluded]
+                               + [f"{p}: {why}" for p, _, why in revert])
         r = sb.run("bash /root/run_tests.sh", timeout=cfg.test_timeout_s,
                    output_cap=getattr(cfg, "test_output_cap_bytes", 8 * 1024 * 1024))
         res.test_seconds = r.seconds
@@ -148,6 +201,20 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
         res.grading_status = "graded"
         if r.timed_out:
             res.error = f"tests timed out after {cfg.test_timeout_s:g}s"
+
+
+def _pytest_config_changes(sb, changed: dict[str, str], cfg) -> list[tuple[str, str, str]]:
+    """Root setup.cfg / pyproject.toml whose pytest section the patch changed, added or removed."""
+    out = []
+    for name, (fmt, section) in PYTEST_SECTIONS.items():
+        if name not in changed:
+            continue
+        xy = changed[name]
+        old = None if xy in ("??", "!!") else sb.run(f"{GIT} show HEAD:{name}", timeout=cfg.command_timeout_s).output
+        new = None if "D" in xy else sb.run(f"cat -- {name}", timeout=cfg.command_timeout_s).output
+        if _pytest_section(old, fmt, section) != _pytest_section(new, fmt, section):
+            out.append((name, xy, "what pytest loads (its section of " + name + ")"))
+    return out
 
 
 def grade_patch(task_row: dict, patch: str, cfg, store, cancel: threading.Event | None = None) -> GradeResult:
@@ -195,15 +262,27 @@ def _reap_once(cfg) -> None:
             pass
 
 
-def grade_rollouts(items, cfg, store, dedupe: bool = True) -> pa.Table:
+def _sigterm_cleans_up() -> None:
+    """SIGTERM's default ends a process without clean-up, leaving its containers behind: in a
+    process that left it at the default, make it raise so that the clean-up below runs."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        def stop(signum, frame):
+            raise KeyboardInterrupt("SIGTERM")
+
+        signal.signal(signal.SIGTERM, stop)
+
+
+def grade_rollouts(items, cfg, store, dedupe: bool = True, on_graded=None) -> pa.Table:
     """Grade (rollout_id, run_id, step, task_row, patch) items with at most cfg.concurrency
     sandboxes at once; returns a validated REWARDS table in the items' order.
 
     dedupe: rollouts of one task with byte-identical patches are graded once and share the result
     (the hidden tests see the same files). Groups sampled at low temperature repeat themselves a
-    lot (an evaluation's 4 samples, many empty patches), so this saves most gradings there."""
+    lot (an evaluation's 4 samples, many empty patches), so this saves most gradings there.
+    on_graded(result), when given, is called from the pool as each distinct patch is graded."""
     items = list(items)
     _reap_once(cfg)
+    _sigterm_cleans_up()
     keys = [(row["instance_id"], patch) if dedupe else i for i, (_, _, _, row, patch) in enumerate(items)]
     unique = {}
     for k, (_, _, _, row, patch) in zip(keys, items):
@@ -212,6 +291,9 @@ def grade_rollouts(items, cfg, store, dedupe: bool = True) -> pa.Table:
     pool = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency), thread_name_prefix="grade")
     try:
         futures = {k: pool.submit(grade_patch, row, patch, cfg, store, cancel) for k, (row, patch) in unique.items()}
+        if on_graded is not None:
+            for f in futures.values():
+                f.add_done_callback(lambda f: f.exception() is None and on_graded(f.result()))
         graded = {k: f.result() for k, f in futures.items()}
         results = [graded[k] for k in keys]
     except BaseException:

@@ -436,7 +436,7 @@ def _adamw(params, cfg: RunConfig, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
 
 
-def sft_lr(base: float, cosine: bool, step: int, max_steps: int | None, elapsed_s: float, minutes: float,
+def sft_lr(base: float, cosine: bool, step: int, max_steps: int | None, elapsed_s: float, minutes: float | None,
            cycles: int = 1) -> float:
     """The SFT learning rate before `step` (0-based): `base`, or with `cosine` a half cosine to 0 over
     the run's progress, the larger of the step and the time fractions (a run ends on either). With
@@ -444,7 +444,8 @@ def sft_lr(base: float, cosine: bool, step: int, max_steps: int | None, elapsed_
     one still ending at 0."""
     if not cosine:
         return base
-    done = min(max(step / max_steps if max_steps else 0.0, elapsed_s / (minutes * 60)), 1.0) * cycles
+    by_time = elapsed_s / (minutes * 60) if minutes else 0.0
+    done = min(max(step / max_steps if max_steps else 0.0, by_time), 1.0) * cycles
     part = done - min(math.floor(done), cycles - 1)
     return base * 0.5 * (1 + math.cos(math.pi * part))
 
@@ -754,7 +755,7 @@ def sft_train(
         # One clock for all ranks (the slowest): every rank must run the same number of steps and,
         # with the cosine decay, apply the same learning rate.
         elapsed = _all_reduce([time.perf_counter() - t0], "max")[0]
-        if elapsed >= cfg.sft.minutes * 60 and step > 0:
+        if cfg.sft.minutes is not None and elapsed >= cfg.sft.minutes * 60 and step > 0:
             break
         if len(order) < cfg.sft.batch_size:
             epoch = list(range(len(samples)))

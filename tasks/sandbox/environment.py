@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import pathlib
+import re
 import shutil
 import stat
 import subprocess
@@ -123,10 +124,9 @@ def _extract(archive: pathlib.Path, key: str) -> pathlib.Path:
             return dest
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{key[:12]}.", dir=envs))
         try:
-            # The "tar" filter refuses members outside the destination and strips setuid bits,
-            # but keeps the absolute .venv/bin/python symlink the format requires.
             with tarfile.open(archive, "r:*") as tf:
-                tf.extractall(tmp, filter="tar")
+                tf.extractall(tmp, filter=_member_filter(archive))
+            _check_links(archive, tmp)
             for need in ("testbed/.git", "r2e_tests", "run_tests.sh"):
                 if not (tmp / need).exists():
                     raise EnvironmentError_(f"environment archive {archive} lacks {need}")
@@ -144,19 +144,92 @@ def _extract(archive: pathlib.Path, key: str) -> pathlib.Path:
     return dest
 
 
+# The one absolute link the format has: testbed/.venv/bin/python* -> the image's interpreter.
+_VENV_PYTHON = re.compile(r"testbed/\.venv/bin/python[0-9.]*")
+_INTERPRETER = re.compile(r"/usr(/local)?/bin/python[0-9.]*")
+
+
+def _member_filter(archive: pathlib.Path):
+    """A tarfile extraction filter: regular files, directories and symlinks that stay inside the
+    tree (plus the venv's interpreter link), nothing else; anything more fails the whole archive."""
+
+    def refuse(member: tarfile.TarInfo, why: str):
+        raise EnvironmentError_(f"environment archive {archive}: member {member.name!r} {why}")
+
+    def check(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+        name = member.name
+        parts = pathlib.PurePosixPath(name).parts
+        top = parts[0] if parts else name  # a link must stay in its own top directory (testbed/, r2e_tests/)
+        if name.startswith("/") or ".." in parts:
+            refuse(member, "has an absolute name or a '..' component")
+        if member.islnk():  # a hard link may name any host file: the fix-up would chmod it
+            refuse(member, f"is a hard link (to {member.linkname!r})")
+        if not (member.isreg() or member.isdir() or member.issym()):
+            refuse(member, "is not a regular file, directory or symlink (device, FIFO, ...)")
+        if member.issym():
+            target = member.linkname
+            if target.startswith("/"):
+                if not (_VENV_PYTHON.fullmatch(name) and _INTERPRETER.fullmatch(target)):
+                    refuse(member, f"is a symlink to the absolute path {target!r}")
+            elif not _inside(os.path.normpath(os.path.join(os.path.dirname(name), target)), top):
+                refuse(member, f"is a symlink leaving {top}/ ({target!r})")
+        try:  # still tar's own checks: a path through an extracted link, setuid bits
+            return tarfile.tar_filter(member, dest)
+        except tarfile.FilterError as e:
+            refuse(member, f"is refused by tar's filter: {e}")
+
+    return check
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _check_links(archive: pathlib.Path, root: pathlib.Path) -> None:
+    """Every extracted symlink resolves inside its own top directory (testbed/, r2e_tests/) or to
+    what a venv interpreter link resolves to: links that pass one by one can chain (a -> b/.., b -> ..)."""
+    links, allowed = [], set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                rel = os.path.relpath(p, root)
+                if _VENV_PYTHON.fullmatch(rel) and _INTERPRETER.fullmatch(os.readlink(p)):
+                    allowed.add(os.path.realpath(p))
+                else:
+                    links.append((rel, p))
+    for rel, p in links:
+        top, real = rel.split(os.sep)[0], os.path.realpath(p)
+        if not _inside(real, os.path.join(os.path.realpath(root), top)) and real not in allowed:
+            raise EnvironmentError_(f"environment archive {archive}: symlink {rel!r} resolves outside "
+                                    f"{top}/ (to {real})")
+
+
 def _root_owned_readable(root: pathlib.Path) -> None:
-    """chown -R 0:0 and chmod -R a+rX,go-w: the sandbox user reads these copies, cannot change them."""
+    """chown -R 0:0 and chmod -R a+rX,go-w: the sandbox user reads these copies, cannot change them.
+    Never through a link: symlinks are only lchown'd; files and dirs are changed through an fd
+    opened with O_NOFOLLOW, and a file with a second hard link is refused."""
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [""] + dirnames + filenames:
             p = os.path.join(dirpath, name) if name else dirpath
-            os.lchown(p, 0, 0)
             st = os.lstat(p)
             if stat.S_ISLNK(st.st_mode):
+                os.lchown(p, 0, 0)
                 continue
-            mode = stat.S_IMODE(st.st_mode) | 0o444
-            if stat.S_ISDIR(st.st_mode) or mode & 0o100:
-                mode |= 0o111
-            os.chmod(p, mode & ~0o022)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise EnvironmentError_(f"{p} is neither a regular file, a directory nor a symlink")
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:  # shared with a file outside the tree
+                    raise EnvironmentError_(f"{p} has {st.st_nlink} hard links; refusing to change its owner")
+                os.fchown(fd, 0, 0)
+                mode = stat.S_IMODE(st.st_mode) | 0o444
+                if stat.S_ISDIR(st.st_mode) or mode & 0o100:
+                    mode |= 0o111
+                os.fchmod(fd, mode & ~0o022)
+            finally:
+                os.close(fd)
 
 
 def build_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],

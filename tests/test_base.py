@@ -1,0 +1,153 @@
+"""The frozen base checkpoint: the shipped one's integrity, `make base` on the smoke preset, and
+the guards a run applies before anything starts."""
+
+import json
+import pathlib
+import shutil
+
+import pytest
+
+from schemas.presets import load_config
+from tasks.policy.base import BaseCheckpointError, check_dataset, check_files, read_manifest
+from tests.fixtures.smoke import REPO, smoke_overrides
+
+SHIPPED = REPO / "models" / "mini-base"
+
+
+def test_shipped_base_matches_its_manifest_and_the_mini_dataset():
+    from tasks.dataset.build import mini_dataset_id
+
+    manifest = read_manifest(SHIPPED)
+    assert manifest is not None, "models/mini-base/manifest.json is missing"
+    check_files(SHIPPED, manifest)
+    assert sum(f["bytes"] for f in manifest["files"].values()) < 40e6
+    # Any change to the mini generator (or its config) is a new dataset the base was not trained for.
+    cfg = load_config("mini")
+    assert manifest["dataset"]["id"] == mini_dataset_id(cfg.dataset, cfg.sandbox.image)
+    assert cfg.model.path == "models/mini-base"
+    ev = manifest["evaluation"]
+    assert ev["num_tasks"] == 251 and ev["k"] == 4 and ev["pass_at_k"] <= cfg.eval.target - 0.10
+    assert manifest["built_by"]["command"] == "make base"
+
+
+@pytest.fixture(scope="module")
+def smoke_base(smoke_prepared, smoke_server, tmp_path_factory):
+    """`make base` on the smoke preset: the same flow, the smoke recipe, evaluated on the shared server."""
+    from flows.base import build_base
+
+    out = tmp_path_factory.mktemp("base") / "smoke-base"
+    overrides = smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [smoke_server.base_url]})
+    manifest = build_base(preset="smoke", overrides=overrides, out=str(out))
+    return out, manifest, overrides
+
+
+def test_make_base_builds_freezes_and_measures_a_smoke_base(smoke_base, smoke_prepared):
+    import torch
+    from safetensors import safe_open
+
+    from flows.prepare import _local_model
+    from tasks.policy.trainer import build_policy, init_runtime
+    from tasks.storage import Store
+
+    out, manifest, overrides = smoke_base
+    assert read_manifest(out) == manifest
+    check_files(out, manifest)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(manifest["files"])
+    stages = manifest["recipe"]["stages"]
+    assert stages[-1]["key"] == smoke_prepared["base_model"] and stages[0]["stage"] == "warm start"
+    assert manifest["dataset"]["id"] == pathlib.PurePosixPath(smoke_prepared["tasks"]).parent.name
+    ev = manifest["evaluation"]  # measured through vLLM on the frozen files
+    assert ev["num_tasks"] == 8 and ev["samples_per_task"] == 4 and 0.0 <= ev["pass_at_k"] <= 1.0
+    assert ev["pass_at_1"] <= ev["pass_at_k"] and ev["machine"]
+    # Stored in bf16; the trainer loads fp32 master weights equal to them.
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        name = next(iter(f.keys()))
+        stored = f.get_tensor(name)
+    assert stored.dtype == torch.bfloat16
+    model, _ = build_policy(out, init_runtime())
+    loaded = dict(model.named_parameters())[name]
+    assert loaded.dtype == torch.float32 and torch.equal(loaded.detach(), stored.float())
+    # ... and they are the SFT checkpoint's weights, rounded.
+    cfg = load_config("smoke", overrides)
+    src = _local_model(cfg, Store.from_config(cfg.storage), smoke_prepared["base_model"])
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor(name).to(torch.bfloat16), stored)
+
+
+def test_prepare_starts_from_a_given_base_without_sft(smoke_base, monkeypatch):
+    import flows.prepare as prepare
+    import tasks.policy.trainer as trainer
+
+    out, manifest, overrides = smoke_base
+
+    def never(*a, **k):
+        raise AssertionError("prepare ran a warm-start stage for a run that has its base")
+
+    monkeypatch.setattr(trainer, "launch_sft", never)
+    monkeypatch.setattr(prepare, "demonstrations", never)
+    monkeypatch.setattr(prepare, "warm_start_stages", never)
+    cfg = load_config("smoke", {**overrides, "model": {"path": str(out)}})
+    prepared = prepare.prepare_config(cfg)
+    assert prepared["base_model"] == str(out.resolve()) and prepared["demonstrations"] is None
+    assert prepared["base_weights"]
+
+
+def _copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_guards_fail_before_anything_starts(smoke_base, tmp_path, monkeypatch):
+    import flows.prepare as prepare
+
+    out, manifest, overrides = smoke_base
+
+    def never(*a, **k):
+        raise AssertionError("a stage started before the base was checked")
+
+    monkeypatch.setattr(prepare, "sandbox_image", never)
+    monkeypatch.setattr(prepare, "dataset", never)
+
+    def run_with(path):
+        return prepare.prepare_config(load_config("smoke", {**overrides, "model": {"path": str(path)}}))
+
+    altered = _copy(out, tmp_path / "altered")
+    data = bytearray((altered / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (altered / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(BaseCheckpointError, match=r"model\.safetensors does not match manifest\.json"):
+        run_with(altered)
+
+    missing = _copy(out, tmp_path / "missing")
+    (missing / "tokenizer.json").unlink()
+    with pytest.raises(BaseCheckpointError, match=r"tokenizer\.json is missing"):
+        run_with(missing)
+
+    other = _copy(out, tmp_path / "other-dataset")
+    m = json.loads((other / "manifest.json").read_text())
+    m["dataset"]["id"] = "mini-000000000000"
+    (other / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BaseCheckpointError, match=r"trained for dataset mini-000000000000, but this run uses "
+                                                  rf"dataset {manifest['dataset']['id']}"):
+        run_with(other)
+
+
+def test_guard_names_both_tasks_tables(smoke_base):
+    out, manifest, _ = smoke_base
+    with pytest.raises(BaseCheckpointError) as e:
+        check_dataset(out, manifest, manifest["dataset"]["id"], tasks_sha256="f" * 64)
+    assert manifest["dataset"]["tasks_sha256"] in str(e.value) and "f" * 64 in str(e.value)
+    check_dataset(out, manifest, manifest["dataset"]["id"], manifest["dataset"]["tasks_sha256"])
+
+
+def test_tasks_sha256_ignores_where_archives_live_and_sees_content():
+    import pyarrow as pa
+
+    from tasks.dataset.build import tasks_sha256
+
+    rows = [{"instance_id": "b", "environment_uri": "file:///x/b.tar.gz", "problem_statement": "fix b"},
+            {"instance_id": "a", "environment_uri": "file:///x/a.tar.gz", "problem_statement": "fix a"}]
+    moved = [dict(r, environment_uri=r["environment_uri"].replace("/x/", "/y/")) for r in rows[::-1]]
+    assert tasks_sha256(pa.Table.from_pylist(rows)) == tasks_sha256(pa.Table.from_pylist(moved))
+    edited = [dict(rows[0], problem_statement="fix b!"), rows[1]]
+    assert tasks_sha256(pa.Table.from_pylist(rows)) != tasks_sha256(pa.Table.from_pylist(edited))
