@@ -150,6 +150,19 @@ def run_markdown(ctx, summary: dict) -> str:
             lines.append(f"| base | {summary['base_pass_at_k']:.3f} | {summary['base_pass_at_1']:.3f} | 0 |")
         lines += [f"| {e['step']} | {e['pass_at_k']:.3f} | {e['pass_at_1']:.3f} | {e['samples_count']} |"
                   for e in evals]
+    off = summary.get("offline")
+    if off:
+        verdict = f"checkpoint **{off['passed_step']}** passed" if off["passed_step"] else "no checkpoint passed"
+        lines += ["", f"Offline evaluation (outside the timed interval): {verdict}; training stopped after step "
+                      f"{off['last_step']}; {off['minutes']:.1f} min of evaluation.", "",
+                  "| checkpoint | pass@k | pass@1 | samples | minutes |", "|---:|---:|---:|---:|---:|"]
+        lines += [f"| {e['step']} | {e['pass_at_k']:.3f} | {e['pass_at_1']:.3f} | {e['samples']} | {e['minutes']:.1f} |"
+                  for e in off["evaluations"]]
+    rules = summary.get("rules") or []
+    if rules:
+        lines += ["", f"Closed-division rules: {sum(r['ok'] for r in rules)} of {len(rules)} met", "",
+                  "| rule | met | evidence |", "|---|:---:|---|"]
+        lines += [f"| {r['rule']} | {'yes' if r['ok'] else 'no'} | {r['evidence']} |" for r in rules]
     stages = summary.get("stage_seconds") or {}
     if stages:
         total = sum(stages.values()) or 1.0

@@ -13,8 +13,8 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 
 from flows.grpo_iteration import collect_rollouts, grading
-from flows.runtime import RunContext, log
-from tasks.evaluation import eval_samples_table, eval_summary_row, spread, summarize
+from flows.runtime import Progress, RunContext, log
+from tasks.evaluation import eval_samples_table, eval_summary_row, spread, summarize, summarize_early_stop
 from tasks.storage import stage_key
 
 
@@ -40,6 +40,29 @@ def eval_rollouts(ctx: RunContext, step: int) -> str:
     return key
 
 
+@task(name="eval-until-solved", cache_policy=NONE)
+def eval_until_solved(ctx: RunContext, step: int) -> tuple[str, str]:
+    """eval.early_stop: each task's samples until its first success (tasks/evaluation.py)."""
+    from tasks.evaluation import sample_until_solved
+    from tasks.rollout import RolloutSpec
+
+    keys = stage_key(ctx.run_id, step, "eval_trajectories"), stage_key(ctx.run_id, step, "eval_rewards")
+    if all(ctx.store.is_committed(k) for k in keys):
+        return keys
+    ids, sampling = eval_task_ids(ctx), ctx.cfg.agent.validation
+    spec = RolloutSpec(run_id=ctx.run_id, step=step, split="validation", samples_per_task=ctx.cfg.eval.k,
+                       temperature=sampling.temperature, top_p=sampling.top_p)
+    log(f"step {step} evaluation: start ({len(ids)} tasks, samples until the first success, at most "
+        f"{ctx.cfg.eval.k}; policy v{ctx.client.version})")
+    progress = Progress(f"step {step} eval", len(ids) * ctx.cfg.eval.k, "samples at most", every_s=30)
+    traj, rew = ctx.loop.call(sample_until_solved(
+        [ctx.tasks[i] for i in ids], spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store, ctx.cfg.eval.k,
+        partial_key=stage_key(ctx.run_id, step, "eval_trajectories_partial"), on_sample=progress))
+    ctx.store.write_table(keys[0], traj, stage="eval_trajectories")
+    ctx.store.write_table(keys[1], rew, stage="eval_rewards")
+    return keys
+
+
 @task(name="pass-at-k", cache_policy=NONE)
 def pass_at_k(ctx: RunContext, step: int, trajectories_key: str, rewards_key: str, seconds: float) -> dict:
     key = stage_key(ctx.run_id, step, "eval_summary")
@@ -47,11 +70,12 @@ def pass_at_k(ctx: RunContext, step: int, trajectories_key: str, rewards_key: st
         return ctx.store.read_table(key).to_pylist()[0]
     samples = eval_samples_table(ctx.store.read_table(trajectories_key), ctx.store.read_table(rewards_key))
     ctx.store.write_table(stage_key(ctx.run_id, step, "eval_samples"), samples, stage="eval_samples", overwrite=True)
-    ids = eval_task_ids(ctx)
-    s = summarize(samples.to_pylist(), ctx.cfg.eval.k, task_ids=ids)
+    ids, early = eval_task_ids(ctx), ctx.cfg.eval.early_stop
+    s = (summarize_early_stop if early else summarize)(samples.to_pylist(), ctx.cfg.eval.k, task_ids=ids)
     versions = samples["policy_version"].to_pylist()
     row = eval_summary_row(ctx.run_id, step, min(versions) if versions else ctx.policy_version, s, ctx.cfg.eval.k,
-                           samples_count=step * ctx.cfg.grpo.global_batch_size, seconds=seconds)
+                           samples_count=step * ctx.cfg.grpo.global_batch_size, seconds=seconds,
+                           procedure="early_stop" if early else "full", started_unix=time.time() - seconds)
     from tasks.evaluation import summary_table
 
     ctx.store.write_table(key, summary_table([row]), stage="eval_summary")
@@ -62,12 +86,16 @@ def pass_at_k(ctx: RunContext, step: int, trajectories_key: str, rewards_key: st
 def evaluation(ctx: RunContext, step: int) -> dict:
     t0 = time.monotonic()
     with ctx.timed("evaluation"):
-        traj = eval_rollouts(ctx, step)
-        rew = grading(ctx, step, traj, stage="eval_rewards")
+        if ctx.cfg.eval.early_stop:
+            traj, rew = eval_until_solved(ctx, step)
+        else:
+            traj = eval_rollouts(ctx, step)
+            rew = grading(ctx, step, traj, stage="eval_rewards")
         row = pass_at_k(ctx, step, traj, rew, time.monotonic() - t0)
-    log(f"step {step} evaluation: pass@{row['k']} {row['pass_at_k']:.3f}  pass@1 {row['pass_at_1']:.3f}  "
-        f"pass^{row['k']} {row['pass_hat_k']:.3f}  ({row['num_tasks']} tasks, {row['num_masked']} masked, "
-        f"{row['eval_seconds']:.0f} s)")
+    hat = f"pass^{row['k']} {row['pass_hat_k']:.3f}  " if row["pass_hat_k"] is not None else ""
+    log(f"step {step} evaluation: pass@{row['k']} {row['pass_at_k']:.3f}  pass@1 {row['pass_at_1']:.3f}  {hat}"
+        f"({row['num_tasks']} tasks, {row['num_samples']} samples, {row['num_masked']} masked, "
+        f"{row['eval_seconds'] / 60:.1f} min)")
     return row
 
 

@@ -103,6 +103,7 @@ def update(ctx: RunContext, step: int, trajectories_key: str, advantages_key: st
                                  str(ctx.store.local_path(advantages_key)), str(out), policy_version=step)
     ctx.store.put_dir(key, out)
     ctx.store.put_json(key + ".commit", {"step": step, "policy_version": step, "metrics": metrics,
+                                         "weight_update_end_unix": metrics.get("weight_update_end_unix"),
                                          "committed_at": time.time()})
     log(f"step {step} update: loss {metrics.get('loss', float('nan')):.4f} grad_norm "
         f"{metrics.get('grad_norm', float('nan')):.3f} tokens {metrics.get('tokens', 0)} "

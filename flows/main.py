@@ -65,12 +65,28 @@ def print_summary(s: dict) -> None:
     if rec:
         print(f"  when frozen     pass@{rec['k']} {rec['pass_at_k']:.3f}  pass@1 {rec['pass_at_1']:.3f}  "
               f"({rec['machine']}, {rec['measured_at'][:10]}; models/ manifest)")
-    for e in s["evaluations"]:
-        print(f"eval step {e['step']:>4}    pass@4 {e['pass_at_k']:.3f}  pass@1 {e['pass_at_1']:.3f}  "
-              f"(samples_count {e['samples_count']})")
+    off = s.get("offline")
+    if off:
+        for e in off["evaluations"]:
+            mark = "  <- passed" if e["step"] == off["passed_step"] else ""
+            print(f"checkpoint {e['step']:>4}   pass@4 {e['pass_at_k']:.3f}  pass@1 {e['pass_at_1']:.3f}  "
+                  f"({e['samples']} samples, {e['minutes']:.1f} min, offline){mark}")
+        verdict = (f"checkpoint {off['passed_step']} passed" if off["passed_step"] else "no checkpoint passed")
+        past = f", {off['last_step'] - off['passed_step']} step(s) trained past it" if off["passed_step"] else ""
+        print(f"offline eval      {verdict}; training stopped after step {off['last_step']}{past}; "
+              f"{off['minutes']:.1f} min of evaluation, outside the timed interval")
+    else:
+        for e in s["evaluations"]:
+            print(f"eval step {e['step']:>4}    pass@4 {e['pass_at_k']:.3f}  pass@1 {e['pass_at_1']:.3f}  "
+                  f"(samples_count {e['samples_count']})")
     total = sum(s["stage_seconds"].values()) or 1.0
     print("time per stage    " + ", ".join(f"{k} {v:.0f}s ({100 * v / total:.0f}%)"
                                           for k, v in s["stage_seconds"].items()))
+    rules = s.get("rules") or []
+    if rules:
+        print(f"closed-division rules: {sum(r['ok'] for r in rules)} of {len(rules)} met")
+        for r in rules:
+            print(f"  [{'x' if r['ok'] else ' '}] {r['rule']}: {r['evidence']}")
     print(f"MLPerf log        {s['mlperf_log']}")
     print(f"run tables        {s['tables']}")
     print("==================================================================\n")
@@ -95,14 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     stop_on_signals()
+    print(f"rlvr-flows: run {run_id} (preset {args.preset}): starting Prefect's API, then prepare", flush=True)
     from tasks.supervise import watch
 
     watch(os.getpid())  # ends what this run started if it is killed outright
     resume = f"rerun with --run-id {run_id} to resume it (make run ARGS=\"--run-id {run_id} ...\")"
+    from tasks.policy.base import BaseCheckpointError
+
     try:
         start_prefect_api()
         from flows.train import train
-        from tasks.policy.base import BaseCheckpointError
 
         summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=run_id)
     except KeyboardInterrupt as e:

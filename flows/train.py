@@ -19,6 +19,8 @@ import dataclasses
 import json
 import os
 import pathlib
+import subprocess
+import sys
 import time
 
 from mlperf_logging.mllog import constants as C
@@ -27,12 +29,13 @@ from prefect import flow
 from flows.artifacts import publish_run, publish_step
 from flows.evaluate import evaluation
 from flows.grpo_iteration import checkpoint_key, grpo_iteration
+from flows.offline_eval import checkpoint_commit, evaluated_rows, offline_evaluation, outcome, training_done
 from flows.prepare import prepare_run_context
 from flows.runtime import RunContext, config_json, log
 from schemas.manifest import Attempt, RunManifest
 from schemas.presets import ConfigError, load_config
 from tasks.evaluation import base_eval_id
-from tasks.mlperf import RunLog, deviations, read_log_times
+from tasks.mlperf import RunLog, deviations, read_log_times, rules_report
 
 
 def _eval_due(cfg, step: int) -> bool:
@@ -122,25 +125,48 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
                 mllog.end(C.EVAL_STOP, metadata={"samples_count": step * gbs})
             return row["pass_at_k"] >= target
 
-        reached = False
-        if start_step > 1 and _eval_due(cfg, start_step - 1):
+        offline, reached = cfg.eval.mode == "offline", False
+        if not offline and start_step > 1 and _eval_due(cfg, start_step - 1):
             # The evaluation of the last trained step: already decided, or cut short by the crash.
             reached = evaluate_step(start_step - 1)
+        finished = training_done(store, run_id) if offline else None
+        evaluator = None
+        if offline and finished is None and cfg.eval.offline_order == "concurrent":
+            evaluator = start_evaluator(preset, overrides, run_id, ctx.workdir)
         step = start_step
-        while not reached and step <= cfg.max_steps:
+        while finished is None and not reached and step <= cfg.max_steps:
+            if offline and outcome(store, run_id) is not None:
+                break  # the evaluator found a passing checkpoint: training stops
+            if evaluator is not None and evaluator.poll() not in (None, 0):
+                raise RuntimeError(f"the offline evaluator exited with {evaluator.returncode}: "
+                                   f"see {ctx.workdir / 'logs' / 'offline-eval.log'}")
             log(f"step {step}/{cfg.max_steps} (policy v{ctx.policy_version})")
             if step - 1 not in read_log_times(log_path.read_text())["blocks_open"]:  # a killed attempt's step is open
                 mllog.start(C.BLOCK_START, metadata={"samples_count": (step - 1) * gbs, "first_epoch_num": step - 1,
                                                      "epoch_count": 1})
             times = grpo_iteration(ctx, step)
             mllog.end(C.BLOCK_STOP, metadata={"samples_count": step * gbs, "first_epoch_num": step - 1})
-            if _eval_due(cfg, step):
+            if not offline and _eval_due(cfg, step):
                 reached = evaluate_step(step)
             publish_step(ctx, step, times)
             store.put_bytes(log_key, log_path.read_bytes())
             step += 1
-        status = "success" if reached else "aborted"
-        mllog.end(C.RUN_STOP, metadata={"status": status})
+        if offline:
+            if finished is None:
+                finished = {"last_step": step - 1, "at_unix": time.time(),
+                            "stopped_by": "a passing checkpoint" if outcome(store, run_id) else "max_steps"}
+                store.put_json(f"runs/{run_id}/training_done.json", finished)
+            log(f"training stopped after step {finished['last_step']} ({finished['stopped_by']})")
+            ctx.close()  # the evaluation gets the machine
+            if evaluator is not None:
+                if evaluator.wait() != 0:
+                    raise RuntimeError(f"the offline evaluator exited with {evaluator.returncode}: "
+                                       f"see {ctx.workdir / 'logs' / 'offline-eval.log'}")
+            elif outcome(store, run_id) is None:
+                offline_evaluation(preset=preset, overrides=overrides, run_id=run_id)
+            reached = log_offline_evaluations(mllog, store, cfg, run_id, log_path.read_text())
+        else:
+            mllog.end(C.RUN_STOP, metadata={"status": "success" if reached else "aborted"})
         store.put_bytes(log_key, log_path.read_bytes())
         manifest.status = "succeeded" if reached else "target_not_reached"
     except BaseException:
@@ -155,6 +181,70 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
     summary = summarize_run(ctx, prepared, base_row)
     publish_run(ctx, summary)
     return summary
+
+
+def start_evaluator(preset: str, overrides: dict | None, run_id: str, workdir: pathlib.Path) -> subprocess.Popen:
+    """The offline evaluator as a process (and Prefect flow run) of its own, reporting to this run's API."""
+    env = dict(os.environ)
+    api = _api_url()
+    if api:
+        env["PREFECT_API_URL"] = api
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    out = open(workdir / "logs" / "offline-eval.log", "ab")
+    # Its own managed vLLM server: external servers are the training's, busy with its rollouts.
+    cmd = [sys.executable, "-m", "flows.offline_eval", "--preset", preset, "--run-id", run_id,
+           *override_args(overrides or {}), "inference.mode=managed"]
+    log(f"offline evaluator started beside training (log {workdir / 'logs' / 'offline-eval.log'})")
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def override_args(overrides: dict, prefix: str = "") -> list[str]:
+    """{"a": {"b": 1}} -> ["a.b=1"]: the command-line form of flow overrides."""
+    out = []
+    for k, v in overrides.items():
+        if isinstance(v, dict):
+            out += override_args(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={v if isinstance(v, str) else json.dumps(v)}")
+    return out
+
+
+def _api_url() -> str | None:
+    """This process's Prefect API: the configured one, or the temporary server it started."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        return next((s.api_url for s in SubprocessASGIServer._instances.values() if s.running), None)
+    except Exception:
+        return None
+
+
+def log_offline_evaluations(mllog: RunLog, store, cfg, run_id: str, log_text: str) -> bool:
+    """The offline evaluations in step order, then run_stop at the passing checkpoint's weight-update
+    time (aborted at the last checkpoint's if none passed), as the reference's evaluator appends them
+    after training. Returns whether a checkpoint passed."""
+    gbs, logged = cfg.grpo.global_batch_size, {n for n, _ in read_log_times(log_text)["evals"]}
+    for row in evaluated_rows(store, run_id, max(1, cfg.eval.start_step)):
+        n = row["step"] * gbs
+        if n in logged:
+            continue
+        t0 = int(1000 * (row["started_unix"] or time.time()))
+        t1 = t0 + int(1000 * row["eval_seconds"])
+        mllog.start(C.EVAL_START, metadata={"samples_count": n}, time_ms=t0)
+        mllog.event(C.EVAL_ACCURACY, row["pass_at_k"], metadata={"samples_count": n}, time_ms=t1)
+        mllog.end(C.EVAL_STOP, metadata={"samples_count": n}, time_ms=t1)
+    result = outcome(store, run_id)
+    if result is not None:
+        mllog.end(C.RUN_STOP, metadata={"status": "success", "samples_count": result["passed_step"] * gbs},
+                  time_ms=int(1000 * result["weight_update_end_unix"]))
+        return True
+    last = training_done(store, run_id)["last_step"]
+    rec = checkpoint_commit(store, run_id, last) or {}
+    mllog.end(C.RUN_STOP, metadata={"status": "aborted", "samples_count": last * gbs},
+              time_ms=int(1000 * rec["weight_update_end_unix"]) if rec.get("weight_update_end_unix") else None)
+    return False
 
 
 def evaluate_base(ctx: RunContext, prepared: dict) -> dict:
@@ -182,8 +272,19 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
         if store.exists(key):
             for k, v in store.get_json(key).items():
                 stage_totals[k] = stage_totals.get(k, 0.0) + v
-    for e in evals:
-        stage_totals["evaluation"] = stage_totals.get("evaluation", 0.0) + e["eval_seconds"]
+    offline = None
+    if ctx.cfg.eval.mode == "offline":  # outside the timed interval: reported on their own
+        result, done = outcome(store, run_id), training_done(store, run_id)
+        rows = evaluated_rows(store, run_id, max(1, ctx.cfg.eval.start_step))
+        offline = {"passed_step": result["passed_step"] if result else None,
+                   "last_step": done["last_step"] if done else None,
+                   "minutes": round(sum(r["eval_seconds"] for r in rows) / 60, 1),
+                   "evaluations": [{"step": r["step"], "pass_at_k": r["pass_at_k"], "pass_at_1": r["pass_at_1"],
+                                    "minutes": round(r["eval_seconds"] / 60, 1), "samples": r["num_samples"]}
+                                   for r in rows]}
+    else:
+        for e in evals:
+            stage_totals["evaluation"] = stage_totals.get("evaluation", 0.0) + e["eval_seconds"]
     manifest = store.read_manifest(run_id)
     log_key = f"runs/{run_id}/mlperf.log"
     times = read_log_times(store.get_bytes(log_key).decode()) if store.exists(log_key) else {}
@@ -207,6 +308,8 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
         "base_recorded": recorded,
         "evaluations": [{"step": e["step"], "pass_at_k": e["pass_at_k"], "pass_at_1": e["pass_at_1"],
                          "samples_count": e["samples_count"]} for e in sorted(evals, key=lambda e: e["step"])],
+        "offline": offline,
+        "rules": rules_report(ctx.cfg, store, run_id),
         "stage_seconds": {k: round(v, 1) for k, v in sorted(stage_totals.items())},
         "mlperf_log": store.uri(log_key),
         "tables": store.uri(f"runs/{run_id}"),

@@ -306,15 +306,31 @@ class EvalConfig(_Strict):
     # Samples per validation task; pass@k is estimated without bias when > k.
     samples_per_task: int = Field(4, ge=1)
     start_step: int = Field(1, ge=0)
+    # inline only: evaluate every this many steps from start_step.
     every_steps: int = Field(1, ge=1)
-    target: float = Field(0.69, gt=0, le=1)
+    # 0 passes any checkpoint (how the reference and our tests exercise the pass path).
+    target: float = Field(0.69, ge=0, le=1)
     # None = every validation task.
     max_tasks: int | None = None
+    # "offline" (MLPerf v6.1, training_policies #596): a checkpoint after every step from start_step,
+    # evaluated in step order by its own evaluator until one reaches the target; run_stop is that
+    # checkpoint's weight-update time. "inline": evaluations inside the timed loop, as before v6.1.
+    mode: Literal["offline", "inline"] = "offline"
+    # offline: "concurrent" evaluates checkpoints as they land, beside training, and stops training
+    # at the first that passes (max_steps is the budget); "after" trains to max_steps, then evaluates.
+    offline_order: Literal["concurrent", "after"] = "concurrent"
+    # Draw a task's samples one at a time and stop at its first success (at most k): the pass@k
+    # indicator has the same distribution as with k samples drawn, pass@1 is the first sample's
+    # (both unbiased), pass^k is not measured. False: k samples of every task (the reference's way).
+    early_stop: bool = False
 
     @model_validator(mode="after")
     def _samples_cover_k(self):
         if self.samples_per_task < self.k:
             raise ValueError(f"samples_per_task ({self.samples_per_task}) must be >= k ({self.k})")
+        if self.early_stop and self.samples_per_task != self.k:
+            raise ValueError(f"eval.early_stop draws at most k samples: samples_per_task ({self.samples_per_task}) "
+                             f"must equal k ({self.k})")
         return self
 
 

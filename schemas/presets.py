@@ -33,7 +33,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grpo": {"prompts_per_step": 2, "generations_per_prompt": 4},
         "optimizer": {"lr": 5e-5, "grad_clip": 1.0, "micro_batch_tokens": 8192},
         "sft": {"minutes": 0.25, "max_steps": 20, "batch_size": 8, "demonstrations_per_task": 1},
-        "eval": {"k": 4, "samples_per_task": 4, "start_step": 1, "every_steps": 1},
+        # Inline: an evaluation inside the loop after every step (the tests read them per step).
+        "eval": {"k": 4, "samples_per_task": 4, "start_step": 1, "every_steps": 1, "mode": "inline"},
     },
     "mini": {
         "max_steps": 40,
@@ -81,17 +82,22 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3,
                 "micro_batch_tokens": 1600, "restart_cycles": 2, "habit_steps": 320, "habit_lr": 5e-4,
                 "habit_blind_edits": 0.5},
-        # Evaluations of all 251 tasks cost ~11 min each on 2 cores, a GRPO step ~1.8 min: every 10 steps.
-        "eval": {"k": 4, "samples_per_task": 4, "start_step": 10, "every_steps": 10},
+        # Offline (MLPerf v6.1): every checkpoint from step 4 on, in step order, beside training; each task's
+        # samples until its first success (the same pass@4, fewer episodes).
+        "eval": {"k": 4, "samples_per_task": 4, "start_step": 4, "mode": "offline", "offline_order": "concurrent",
+                 "early_stop": True},
     },
     "qwen35_397b_grpo": {
         "max_steps": 200,
         "dataset": {"source": "r2e", "num_train": 700, "num_validation": 251, "order": "fixed"},
         "model": {"path": "/checkpoints/Qwen3.5-397B-A17B", "max_position_embeddings": 65536},
-        "sandbox": {"backend": "docker", "image": "", "concurrency": 64},
+        # training_policies #598: tests and commands 60 s, an agent episode 1,800 s.
+        "sandbox": {"backend": "docker", "image": "", "concurrency": 64, "test_timeout_s": 60,
+                    "command_timeout_s": 60},
         "inference": {"device": "gpu", "max_model_len": 65536, "tensor_parallel_size": 8, "data_parallel_size": 1,
                       "enable_expert_parallel": True, "max_num_seqs": 256},
         "agent": {"max_turns": 30, "max_context_tokens": 65536, "prompt_style": "full", "concurrency": 256,
+                  "command_timeout_s": 60, "episode_timeout_s": 1800,
                   "training": {"temperature": 1.0, "top_p": 1.0, "max_tokens_per_turn": 8192},
                   "validation": {"temperature": 0.1, "top_p": 0.95, "max_tokens_per_turn": 8192}},
         "grpo": {"prompts_per_step": 16, "generations_per_prompt": 16, "leave_one_out_baseline": True,
@@ -103,8 +109,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         # lr and grad clip None: the MLPerf formulas from the global batch size.
         "optimizer": {"lr": None, "grad_clip": None, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
                       "num_ranks": 8, "freeze_router": True},
-        # Closed division: first evaluation at GBS * ceil(2.5 + 3840 / GBS) samples, then every step.
-        "eval": {"k": 4, "samples_per_task": 4, "start_step": 18, "every_steps": 1, "target": 0.69},
+        # Closed division: offline evaluation (#596) of a checkpoint after every step from
+        # GBS * ceil(2.5 + 3840 / GBS) samples on, k samples of every task as the reference draws them.
+        "eval": {"k": 4, "samples_per_task": 4, "start_step": 18, "every_steps": 1, "target": 0.69,
+                 "mode": "offline", "offline_order": "concurrent", "early_stop": False},
     },
 }
 

@@ -493,16 +493,23 @@ EVAL_SUMMARY = TableSchema(
         "k": (I32, False),
         "pass_at_k": (F64, False),
         "pass_at_1": (F64, False),
-        # pass^k: the chance that all k samples succeed (a consistency diagnostic).
-        "pass_hat_k": (F64, False),
+        # pass^k: the chance that all k samples succeed (a consistency diagnostic); null when the
+        # evaluation stopped drawing for a task at its first success (procedure "early_stop").
+        "pass_hat_k": (F64, True),
         "num_tasks": (I32, False),
         "num_samples": (I32, False),
         "num_masked": (I32, False),
         # MLPerf samples_count: training samples consumed when this evaluation ran.
         "samples_count": (I64, False),
         "eval_seconds": (F64, False),
+        # "full": k samples of every task; "early_stop": samples until the first success, at most k
+        # (the same pass@k distribution, tasks/evaluation.py); null in tables written before.
+        "procedure": (STR, True),
+        # Unix time the evaluation started (offline evaluations are logged after training with it).
+        "started_unix": (F64, True),
     },
     unique=["step"],
+    added_later=("procedure", "started_unix"),
     rules=[
         _rule("pass_at_k_in_unit", "pass_at_k", _between("pass_at_k", 0.0, 1.0), "must be in [0, 1]"),
         _rule("pass_at_1_in_unit", "pass_at_1", _between("pass_at_1", 0.0, 1.0), "must be in [0, 1]"),
@@ -551,6 +558,7 @@ SCHEMAS: dict[str, TableSchema] = {
     "trajectories_partial": TRAJECTORIES,
     "demonstrations": TRAJECTORIES,
     "rewards": REWARDS,
+    "rewards_partial": REWARDS,
     "advantages": ADVANTAGES,
     "eval_samples": EVAL_SAMPLES,
     "eval_trajectories": TRAJECTORIES,

@@ -10,6 +10,13 @@ the MLPerf reference computes. pass^k = C(c, k) / C(n, k) is the chance that
 all k succeed: a consistency diagnostic. Samples masked for infrastructure
 failures are left out of n; a task with fewer than k valid samples is scored
 on the samples it has (k' = n) and counted in `short_tasks`.
+
+Early stop (eval.early_stop). pass@k only asks whether any of k i.i.d. samples succeeds.
+Drawing a task's samples one at a time and stopping at its first success gives that
+indicator exactly: with the same k draws, "some success among the first k" is decided
+by the draws up to the first success, so its distribution is the one of drawing all k.
+pass@1 is the first valid sample's reward (unbiased); pass^k needs all k and is not
+measured. A task costs 1 episode when its first sample succeeds, k when none does.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ def base_eval_id(cfg, prepared: dict) -> str:
     checkpoint's name and a digest of what the evaluation measured (tasks table, subset, samples,
     agent and sampling), so that a checkpoint given by `model.path` is evaluated again on another
     dataset or subset instead of reporting a stale number."""
-    what = {"tasks": prepared["tasks"], "eval": cfg.eval.model_dump(include={"k", "samples_per_task", "max_tasks"}),
+    what = {"tasks": prepared["tasks"],
+            "eval": cfg.eval.model_dump(include={"k", "samples_per_task", "max_tasks"} | ({"early_stop"} if cfg.eval.early_stop else set())),
             "agent": cfg.agent.model_dump(exclude={"training", "concurrency", "partial_flush_s"})}
     if prepared.get("base_weights"):  # a shipped base is named by its directory: key by its content too
         what["weights"] = prepared["base_weights"]
@@ -59,7 +67,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
 class PassSummary:
     pass_at_k: float
     pass_at_1: float
-    pass_hat_k: float
+    pass_hat_k: float | None
     num_tasks: int
     num_samples: int
     num_masked: int
@@ -92,6 +100,106 @@ def summarize(samples: list[dict], k: int, task_ids: list[str] | None = None) ->
     )
 
 
+def summarize_early_stop(samples: list[dict], k: int, task_ids: list[str] | None = None) -> PassSummary:
+    """pass@k and pass@1 of samples drawn until each task's first success (at most k valid ones),
+    in sample_index order; pass_hat_k is None. Same conventions as `summarize`."""
+    by_task: dict[str, list[float]] = defaultdict(list)
+    masked = 0
+    for s in sorted(samples, key=lambda s: (s["instance_id"], s["sample_index"])):
+        if s["masked"] or s["reward"] is None:
+            masked += 1
+        else:
+            by_task[s["instance_id"]].append(float(s["reward"] > 0))
+    ids = sorted(set(task_ids or []) | set(by_task) | {s["instance_id"] for s in samples})
+    if not ids:
+        raise ValueError("no validation tasks to summarise")
+    drawn = {i: by_task[i][:k] for i in ids}
+    return PassSummary(
+        pass_at_k=sum(max(d, default=0.0) for d in drawn.values()) / len(ids),
+        pass_at_1=sum(d[0] if d else 0.0 for d in drawn.values()) / len(ids), pass_hat_k=None,
+        num_tasks=len(ids), num_samples=sum(len(d) for d in drawn.values()), num_masked=masked,
+        short_tasks=sum(1 for d in drawn.values() if len(d) < k and not any(d)),
+        task_success={i: max(d, default=0.0) for i, d in drawn.items()},
+    )
+
+
+async def sample_until_solved(tasks: list[dict], spec, policy, tokenizer, cfg, store, k: int, *,
+                              partial_key: str | None = None, on_sample=None) -> tuple[pa.Table, pa.Table]:
+    """For each task, episodes one after another, each graded as soon as it ends, until one succeeds
+    or k valid samples are drawn (an infra failure is not a sample: another is drawn, at most 2k
+    episodes). Tasks run side by side (cfg.agent.concurrency episodes, cfg.sandbox.concurrency
+    gradings), so no task waits for another's slowest sample. Each finished sample is committed
+    (trajectory and reward parts next to `partial_key`), so a rerun continues where it stopped.
+    Returns (trajectories, rewards) of the samples drawn."""
+    import asyncio
+
+    from schemas.tables import REWARDS, TRAJECTORIES
+    from tasks.grading import GradeResult, grade_patch
+    from tasks.rollout import PartWriter, read_partial, rollout_id, run_one
+
+    reward_key = partial_key.replace("trajectories_partial", "rewards_partial") if partial_key else None
+    done = read_partial(store, partial_key) if partial_key else {}
+    graded = _read_parts(store, reward_key, "rewards_partial") if reward_key else {}
+    done = {rid: row for rid, row in done.items() if rid in graded}  # a pair is one committed sample
+    traj_parts = PartWriter(store, partial_key, "trajectories_partial", TRAJECTORIES)
+    reward_parts = PartWriter(store, reward_key, "rewards_partial", REWARDS)
+    episodes, gradings = asyncio.Semaphore(cfg.agent.concurrency), asyncio.Semaphore(cfg.sandbox.concurrency)
+    results: dict[tuple, asyncio.Future] = {}  # (task, patch) -> grading: low-temperature samples repeat
+
+    async def grade(task: dict, row: dict) -> dict:
+        if row["finish_reason"] == "infra_error":
+            res = GradeResult(reward=None, grading_status="infra_error", error=f"infra_error: rollout: {row['error']}")
+        else:
+            key = (task["instance_id"], row["final_patch"] or "")
+            if key not in results:
+                async def run():
+                    async with gradings:
+                        return await asyncio.to_thread(grade_patch, task, key[1], cfg.sandbox, store)
+                results[key] = asyncio.ensure_future(run())
+            res = await results[key]
+        return res.row(row["rollout_id"], spec.run_id, spec.step, task["instance_id"])
+
+    async def chain(task: dict):
+        valid = 0
+        for sample in range(2 * k):
+            rid = rollout_id(spec.run_id, spec.step, task["instance_id"], sample)
+            if rid in done:
+                row, rew = done[rid], graded[rid]
+            else:
+                async with episodes:
+                    row = await run_one(task, sample, spec, policy, tokenizer, cfg, store)
+                rew = await grade(task, row)
+                done[rid], graded[rid] = row, rew
+                await reward_parts.add(rew)  # the reward first: a trajectory part without one is redone
+                await traj_parts.add(row)
+                if on_sample is not None:
+                    on_sample(row, rew)
+            if rew["grading_status"] == "graded":
+                valid += 1
+                if rew["reward"] == 1.0 or valid == k:
+                    return
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for t in tasks:
+                group.create_task(chain(t))
+    finally:
+        await reward_parts.flush()
+        await traj_parts.flush()
+    ids = sorted(done, key=lambda r: (done[r]["instance_id"], done[r]["sample_index"]))
+    return TRAJECTORIES.from_rows([done[r] for r in ids]), REWARDS.from_rows([graded[r] for r in ids])
+
+
+def _read_parts(store, key: str, stage: str) -> dict[str, dict]:
+    from tasks.rollout import partial_parts
+
+    out = {}
+    for part in partial_parts(store, key):
+        for row in store.read_table(part, stage=stage).to_pylist():
+            out[row["rollout_id"]] = row
+    return out
+
+
 def eval_samples_table(trajectories: pa.Table, rewards: pa.Table) -> pa.Table:
     """Join an evaluation's trajectories and rewards into the eval_samples table (one row per sample)."""
     by_id = {r["rollout_id"]: r for r in rewards.select(["rollout_id", "reward", "grading_status", "error"]).to_pylist()}
@@ -108,10 +216,11 @@ def eval_samples_table(trajectories: pa.Table, rewards: pa.Table) -> pa.Table:
 
 
 def eval_summary_row(run_id: str, step: int, policy_version: int, s: PassSummary, k: int, samples_count: int,
-                     seconds: float) -> dict:
+                     seconds: float, procedure: str = "full", started_unix: float | None = None) -> dict:
     return dict(run_id=run_id, step=step, policy_version=policy_version, k=k, pass_at_k=s.pass_at_k,
                 pass_at_1=s.pass_at_1, pass_hat_k=s.pass_hat_k, num_tasks=s.num_tasks, num_samples=s.num_samples,
-                num_masked=s.num_masked, samples_count=samples_count, eval_seconds=seconds)
+                num_masked=s.num_masked, samples_count=samples_count, eval_seconds=seconds, procedure=procedure,
+                started_unix=started_unix)
 
 
 def summary_table(rows: list[dict]) -> pa.Table:

@@ -80,86 +80,102 @@ def read_partial(store, partial_key: str) -> dict[str, dict]:
     return done
 
 
+async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer, cfg, store=None,
+                  policy_factory=None) -> dict:
+    """One episode in a sandbox of its own -> its trajectory row. A sandbox that cannot start or
+    fails mid-episode is retried cfg.sandbox.infra_retries times, then recorded as an infra_error
+    row; an inference server that stays away raises InferenceDown."""
+    from tasks.inference import InferenceUnavailable
+    from tasks.sandbox import SandboxInfraError, open_sandbox
+
+    agent = cfg.agent
+    cap = agent.validation.max_tokens_per_turn if spec.split == "validation" else agent.training.max_tokens_per_turn
+    version = policy.version if policy is not None else -1
+    rid = rollout_id(spec.run_id, spec.step, task["instance_id"], sample)
+    row, server_failures = None, 0
+    for attempt in range(cfg.sandbox.infra_retries + 1):
+        try:
+            sandbox = await asyncio.to_thread(open_sandbox, task, cfg.sandbox, store, "agent")
+        except Exception as e:  # engine down, archive missing, bad image: the task's, not the policy's
+            row = infra_error_row(spec, task, sample, f"sandbox could not start: {type(e).__name__}: {e}", version)
+            continue
+        try:
+            actor = policy_factory(task, sample, sandbox) if policy_factory else policy
+            ep = await run_episode(
+                task["problem_statement"], sandbox, actor, tokenizer, max_turns=agent.max_turns,
+                max_context_tokens=agent.max_context_tokens, max_tokens_per_turn=cap,
+                temperature=spec.temperature, top_p=spec.top_p, command_timeout_s=agent.command_timeout_s,
+                observation_cap_chars=agent.observation_cap_chars,
+                episode_timeout_s=agent.episode_timeout_s, prompt_style=agent.prompt_style)
+            return episode_row(spec, task, sample, ep, actor.version)
+        except SandboxInfraError as e:
+            row = infra_error_row(spec, task, sample, f"sandbox failed mid-episode: {e}", version)
+        except InferenceUnavailable as e:
+            server_failures += 1
+            if server_failures > cfg.sandbox.infra_retries:
+                raise InferenceDown(f"inference server unreachable for rollout {rid} after "
+                                    f"{server_failures} tries: {e}") from e
+            await asyncio.sleep(min(2.0 * server_failures, 10.0))
+        finally:
+            await asyncio.to_thread(sandbox.close)
+    return row
+
+
+class PartWriter:
+    """Commits rows as they finish, each flush a small append-only part table `<key stem>-NNNNN`:
+    rows that finish while one part is written go into the next, so a crash loses only rows not
+    yet finished (with every_s=0)."""
+
+    def __init__(self, store, key: str | None, stage: str, schema, every_s: float = 0.0):
+        self.store, self.key, self.stage, self.schema, self.every_s = store, key, stage, schema, every_s
+        self.parts = len(partial_parts(store, key)) if key and store is not None else 0
+        self.rows: list[dict] = []
+        self.last = time.monotonic()
+        self.lock = asyncio.Lock()
+
+    async def add(self, row: dict) -> None:
+        self.rows.append(row)
+        await self.flush(force=False)
+
+    async def flush(self, force: bool = True) -> None:
+        if not self.key or self.store is None or not self.rows:
+            return
+        if not force and time.monotonic() - self.last < self.every_s:
+            return
+        async with self.lock:
+            rows = self.rows[:]
+            if not rows:
+                return
+            del self.rows[:len(rows)]
+            key = f"{self.key.removesuffix('.parquet')}-{self.parts:05d}.parquet"
+            self.parts += 1
+            await asyncio.to_thread(self.store.write_table, key, self.schema.from_rows(rows), self.stage)
+            self.last = time.monotonic()
+
+
 async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, store=None, *,
                   concurrency: int | None = None, partial_key: str | None = None, flush_every_s: float = 0.0,
                   on_episode=None, policy_factory=None) -> pa.Table:
     """Run `spec.samples_per_task` episodes of every task; return the trajectories table.
 
     `cfg` is the RunConfig (agent, sandbox, inference sections). With `partial_key` and a store,
-    finished episodes are committed there as they accumulate and skipped when already present.
+    finished episodes are committed there as they finish and skipped when already present.
     `policy_factory(task, sample, sandbox)`, when given, makes each episode's policy (the scripted
     solver of the demonstrations); otherwise every episode samples from `policy`.
     """
-    from tasks.inference import InferenceUnavailable
-    from tasks.sandbox import SandboxInfraError, open_sandbox
-
-    agent, sampling_cap = cfg.agent, cfg.agent.training.max_tokens_per_turn
-    if spec.split == "validation":
-        sampling_cap = cfg.agent.validation.max_tokens_per_turn
     done = read_partial(store, partial_key) if partial_key and store is not None else {}
-    parts = [len(partial_parts(store, partial_key))] if partial_key and store is not None else [0]
+    writer = PartWriter(store, partial_key, "trajectories_partial", TRAJECTORIES, flush_every_s)
     work = [(t, i) for t in tasks for i in range(spec.samples_per_task)
             if rollout_id(spec.run_id, spec.step, t["instance_id"], i) not in done]
-    sem = asyncio.Semaphore(concurrency or agent.concurrency)
-    last_flush = [time.monotonic()]
-    flush_lock = asyncio.Lock()
-    unflushed: list[dict] = []
-
-    async def flush(force: bool = False):
-        if not partial_key or store is None or not unflushed:
-            return
-        if not force and time.monotonic() - last_flush[0] < flush_every_s:
-            return
-        async with flush_lock:  # episodes that finish while a part is written go into the next one
-            rows = unflushed[:]
-            if not rows:
-                return
-            del unflushed[:len(rows)]
-            key = f"{partial_key.removesuffix('.parquet')}-{parts[0]:05d}.parquet"
-            parts[0] += 1
-            await asyncio.to_thread(store.write_table, key, TRAJECTORIES.from_rows(rows), "trajectories_partial")
-            last_flush[0] = time.monotonic()
-
-    version = policy.version if policy is not None else -1
+    sem = asyncio.Semaphore(concurrency or cfg.agent.concurrency)
 
     async def one(task: dict, sample: int):
         async with sem:
-            rid = rollout_id(spec.run_id, spec.step, task["instance_id"], sample)
-            row, server_failures = None, 0
-            for attempt in range(cfg.sandbox.infra_retries + 1):
-                try:
-                    sandbox = await asyncio.to_thread(open_sandbox, task, cfg.sandbox, store, "agent")
-                except Exception as e:  # engine down, archive missing, bad image: the task's, not the policy's
-                    row = infra_error_row(spec, task, sample,
-                                          f"sandbox could not start: {type(e).__name__}: {e}", version)
-                    continue
-                try:
-                    actor = policy_factory(task, sample, sandbox) if policy_factory else policy
-                    ep = await run_episode(
-                        task["problem_statement"], sandbox, actor, tokenizer, max_turns=agent.max_turns,
-                        max_context_tokens=agent.max_context_tokens, max_tokens_per_turn=sampling_cap,
-                        temperature=spec.temperature, top_p=spec.top_p, command_timeout_s=agent.command_timeout_s,
-                        observation_cap_chars=agent.observation_cap_chars,
-                        episode_timeout_s=agent.episode_timeout_s, prompt_style=agent.prompt_style)
-                    row = episode_row(spec, task, sample, ep, actor.version)
-                    break
-                except SandboxInfraError as e:
-                    row = infra_error_row(spec, task, sample, f"sandbox failed mid-episode: {e}", version)
-                except InferenceUnavailable as e:
-                    server_failures += 1
-                    if server_failures > cfg.sandbox.infra_retries:
-                        raise InferenceDown(f"inference server unreachable for rollout {rid} after "
-                                            f"{server_failures} tries: {e}") from e
-                    await asyncio.sleep(min(2.0 * server_failures, 10.0))
-                except ServerMismatchError:
-                    raise
-                finally:
-                    await asyncio.to_thread(sandbox.close)
-            done[rid] = row
-            unflushed.append(row)
-            if on_episode is not None:
-                on_episode(row)
-            await flush()
+            row = await run_one(task, sample, spec, policy, tokenizer, cfg, store, policy_factory)
+        done[row["rollout_id"]] = row
+        if on_episode is not None:
+            on_episode(row)
+        await writer.add(row)
 
     try:
         # A TaskGroup cancels the other episodes when one fails for good (e.g. the server stays down).
@@ -169,6 +185,6 @@ async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, 
     except* (InferenceDown, ServerMismatchError) as eg:
         raise eg.exceptions[0] from None
     finally:
-        await flush(force=True)
+        await writer.flush()
     rows = sorted(done.values(), key=lambda r: (r["instance_id"], r["sample_index"]))
     return TRAJECTORIES.from_rows(rows)

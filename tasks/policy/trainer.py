@@ -577,7 +577,7 @@ class PolicyTrainer:
                 _restore(params, optimizer, snapshot)
             raise
         del snapshot
-        t_updated = time.perf_counter()
+        t_updated, updated_unix = time.perf_counter(), time.time()
 
         info = {"mode": "grpo", "optimizer_steps": len(steps)}
         save_s = _save(model, optimizer if save_optimizer else None, rt, out_dir, self.model_dir, version, info)
@@ -591,6 +591,7 @@ class PolicyTrainer:
             optimizer_saved=save_optimizer, num_samples=len(samples), num_masked_samples=num_masked,
             lr=cfg.effective_lr, grad_clip=cfg.effective_grad_clip, load_seconds=t_loaded - t0,
             update_seconds=t_updated - t_loaded, save_seconds=save_s, seconds=time.perf_counter() - t0,
+            weight_update_end_unix=updated_unix,  # MLPerf's offline run_stop: before the checkpoint write
             tokens_per_second=metrics.get("tokens", 0) / max(t_updated - t_loaded, 1e-9),
             skipped=not steps, peak_rss_mib=_all_reduce([peak_rss_mib()], "max")[0],
         )

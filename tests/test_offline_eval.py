@@ -1,0 +1,180 @@
+"""MLPerf v6.1's clock: offline evaluation of per-step checkpoints, run_stop at the passing
+checkpoint's weight update, resume during evaluation, and the early-stop pass@k."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tasks.evaluation import summarize, summarize_early_stop
+from tests.fixtures.smoke import REPO, flow_env, main_command, smoke_overrides
+
+
+# -- early stop: the same pass@k ------------------------------------------------------------
+def _draws(rng, probs, k):
+    return {f"t{i}": [float(rng.random() < p) for _ in range(k)] for i, p in enumerate(probs)}
+
+
+def _early_stop_samples(draws, k):
+    """What sample_until_solved draws from these pre-drawn outcomes: each task's samples in order, to its first success."""
+    out = []
+    for task, rewards in draws.items():
+        for j, r in enumerate(rewards[:k]):
+            out.append({"instance_id": task, "sample_index": j, "reward": r, "masked": False})
+            if r == 1.0:
+                break
+    return out
+
+
+def _all_samples(draws):
+    return [{"instance_id": t, "sample_index": j, "reward": r, "masked": False}
+            for t, rs in draws.items() for j, r in enumerate(rs)]
+
+
+def test_early_stop_pass_at_k_equals_drawing_all_k_on_fixed_outcomes():
+    rng = random.Random(0)
+    for _ in range(200):
+        draws = _draws(rng, [rng.random() for _ in range(30)], 4)
+        full, early = summarize(_all_samples(draws), 4), summarize_early_stop(_early_stop_samples(draws, 4), 4)
+        assert early.pass_at_k == pytest.approx(full.pass_at_k, abs=1e-12)
+        assert early.pass_at_1 == pytest.approx(sum(rs[0] for rs in draws.values()) / 30, abs=1e-12)
+        assert early.pass_hat_k is None and early.num_samples <= full.num_samples
+
+
+def test_early_stop_masked_samples_are_not_samples():
+    samples = [{"instance_id": "a", "sample_index": 0, "reward": None, "masked": True},
+               {"instance_id": "a", "sample_index": 1, "reward": 1.0, "masked": False},
+               {"instance_id": "b", "sample_index": 0, "reward": 0.0, "masked": False}]
+    s = summarize_early_stop(samples, 4, task_ids=["a", "b", "c"])
+    assert (s.pass_at_k, s.pass_at_1, s.num_masked, s.num_tasks) == (pytest.approx(1 / 3), pytest.approx(1 / 3), 1, 3)
+
+
+def test_early_stop_is_unbiased_on_a_bernoulli_simulator():
+    # 251 tasks with per-sample success p spread like a policy near the target; 2,000 evaluations each way.
+    rng = random.Random(1)
+    probs = [min(1.0, max(0.0, rng.betavariate(0.6, 0.5))) for _ in range(251)]
+    truth_k = sum(1 - (1 - p) ** 4 for p in probs) / 251
+    truth_1 = sum(probs) / 251
+    full_k, early_k, early_1, episodes = [], [], [], []
+    for _ in range(2000):
+        a, b = _draws(rng, probs, 4), _draws(rng, probs, 4)
+        full_k.append(summarize(_all_samples(a), 4).pass_at_k)
+        e = summarize_early_stop(_early_stop_samples(b, 4), 4)
+        early_k.append(e.pass_at_k)
+        early_1.append(e.pass_at_1)
+        episodes.append(e.num_samples)
+
+    def mean_se(xs):
+        m = sum(xs) / len(xs)
+        return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5
+
+    for xs, truth in ((full_k, truth_k), (early_k, truth_k), (early_1, truth_1)):
+        m, se = mean_se(xs)
+        assert abs(m - truth) < 4 * se + 1e-9, (m, truth, se)
+    # the same spread too: the indicator has one distribution
+    var = [sum((x - mean_se(xs)[0]) ** 2 for x in xs) / len(xs) for xs in (full_k, early_k)]
+    assert 0.85 < var[0] / var[1] < 1.18
+    assert sum(episodes) / len(episodes) < 0.75 * 251 * 4
+
+
+# -- end to end on the smoke preset -----------------------------------------------------------
+def _run(run_id, overrides, env, timeout=1500):
+    return subprocess.run(main_command(run_id, overrides), cwd=REPO, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def _log_events(store, run_id):
+    log = store.get_bytes(f"runs/{run_id}/mlperf.log").decode()
+    return [json.loads(ln[9:]) for ln in log.splitlines() if ln.startswith(":::MLLOG")]
+
+
+def _offline(server_url, **extra):
+    return smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [server_url],
+                              "eval.mode": "offline", "eval.offline_order": "after", "eval.start_step": 1,
+                              "eval.early_stop": True, "max_steps": 2, **extra})
+
+
+@pytest.mark.slow
+def test_offline_evaluation_after_training_stops_at_the_first_passing_checkpoint(smoke_server, tmp_path):
+    from tasks.mlperf import check, read_log_times
+    from tasks.storage import Store
+
+    run_id = f"test-offline-{int(time.time())}"
+    overrides = _offline(smoke_server.base_url, **{"eval.target": 0.0})  # the first checkpoint passes
+    proc = _run(run_id, overrides, flow_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    store = Store(overrides["storage"]["root"])
+    ckpts = [store.get_json(f"runs/{run_id}/checkpoints/step-{s:05d}.commit") for s in (1, 2)]
+    assert all(c["weight_update_end_unix"] < c["committed_at"] for c in ckpts)  # before the checkpoint write
+    assert store.get_json(f"runs/{run_id}/training_done.json")["last_step"] == 2  # "after": the whole budget
+    result = store.get_json(f"runs/{run_id}/offline_eval.json")
+    assert result["passed_step"] == 1 and not store.stage_committed(run_id, 2, "eval_summary")
+    events = _log_events(store, run_id)
+    keys = [e["key"] for e in events]
+    stop = events[keys.index("run_stop")]
+    assert keys[-1] == "run_stop" and stop["metadata"]["status"] == "success"
+    assert stop["time_ms"] == int(1000 * ckpts[0]["weight_update_end_unix"])  # backdated, not the eval's end
+    block_stops = [e["time_ms"] for e in events if e["key"] == "block_stop"]
+    assert stop["time_ms"] < block_stops[-1] < events[keys.index("eval_start")]["time_ms"]
+    assert keys.count("eval_accuracy") == 1 and keys.count("block_start") == keys.count("block_stop") == 2
+    times = read_log_times(store.get_bytes(f"runs/{run_id}/mlperf.log").decode())
+    assert times["run_seconds"] > 0
+    log = tmp_path / "mlperf.log"
+    log.write_bytes(store.get_bytes(f"runs/{run_id}/mlperf.log"))
+    ok, out = check(str(log))
+    errors = [ln for ln in out.splitlines() if "ERROR" in ln]
+    assert ok or all("eval_accuracy" in e or "0.69" in e for e in errors), out[-3000:]
+    assert "passed" in proc.stdout and "checkpoint 1" in proc.stdout
+
+
+@pytest.mark.slow
+def test_concurrent_evaluator_stops_training_at_a_passing_checkpoint(smoke_server, tmp_path):
+    from tasks.storage import Store
+
+    run_id = f"test-offline-conc-{int(time.time())}"
+    overrides = _offline(smoke_server.base_url, **{"eval.target": 0.0, "eval.offline_order": "concurrent",
+                                                   "max_steps": 6})
+    proc = _run(run_id, overrides, flow_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    store = Store(overrides["storage"]["root"])
+    done = store.get_json(f"runs/{run_id}/training_done.json")
+    assert done["stopped_by"] == "a passing checkpoint" and done["last_step"] < 6
+    assert store.get_json(f"runs/{run_id}/offline_eval.json")["passed_step"] == 1
+    # the evaluator ran as a flow run of its own
+    assert "offline evaluator started" in proc.stdout
+
+
+@pytest.mark.slow
+def test_sigkill_during_offline_evaluation_resumes_without_redoing_or_moving_the_clock(smoke_server, tmp_path):
+    from tasks.storage import Store
+
+    run_id = f"test-offline-kill-{int(time.time())}"
+    overrides = _offline(smoke_server.base_url, **{"eval.target": 1.0})  # nothing passes: every checkpoint is evaluated
+    env, cmd = flow_env(tmp_path), main_command(run_id, overrides)
+    store = Store(overrides["storage"]["root"])
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if "step 2 evaluation: start" in line:
+                break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first = store.get_bytes(f"runs/{run_id}/step-00001/eval_summary.parquet.commit")
+    again = _run(run_id, overrides, env)
+    assert again.returncode == 1, again.stdout[-4000:] + again.stderr[-4000:]  # ran out of checkpoints
+    assert store.get_bytes(f"runs/{run_id}/step-00001/eval_summary.parquet.commit") == first  # not redone
+    assert store.stage_committed(run_id, 2, "eval_summary")
+    events = _log_events(store, run_id)
+    keys = [e["key"] for e in events]
+    assert keys.count("run_start") == 1 and keys.count("run_stop") == 1 and keys.count("eval_accuracy") == 2
+    stop = events[keys.index("run_stop")]
+    last = store.get_json(f"runs/{run_id}/checkpoints/step-00002.commit")
+    assert stop["metadata"]["status"] == "aborted" and stop["time_ms"] == int(1000 * last["weight_update_end_unix"])
