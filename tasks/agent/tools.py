@@ -13,6 +13,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from tasks.sandbox.base import FileTooLargeError
+
 SNIPPET_CONTEXT = 4
 
 _DESCRIPTIONS = {
@@ -215,7 +217,10 @@ class ToolBox:
     def _read(self, path: str) -> str:
         if not self._is_file(path):
             raise ToolError(f"The path {path} does not exist or is not a file.")
-        return self.sandbox.read_file(path)
+        try:
+            return self.sandbox.read_file(path)
+        except FileTooLargeError as e:  # whole or not at all: a cut copy written back would lose data
+            raise ToolError(f"{e.strerror}; use execute_bash (head, sed -n, grep) to work with it.") from e
 
     def _is_file(self, path: str) -> bool:
         return self.sandbox.run(f"test -f {shlex.quote(path)}", timeout=self.command_timeout_s).exit_code == 0

@@ -4,17 +4,22 @@ One protocol, two backends chosen by `SandboxConfig.backend`:
 - `bwrap` (default; no daemon): bubblewrap over a read-only root filesystem, writable
   /testbed and /tmp only, uid 1000, no capabilities, no network, cgroup memory/pids/CPU
   limits, wall-clock kill. One short-lived process per command.
-- `docker`: one container per sandbox (`network_mode=none`, same limits), each command an
-  exec in it; `docker_reuse=True` keeps reset containers warm between sandboxes.
+- `docker`: one container per sandbox (`network_mode=none`, same limits, read-only root),
+  each command an exec in it; `docker_reuse=True` keeps reset containers warm between sandboxes.
+
+Disk quota (archive tasks, both backends): what a sandbox can write lives on one tmpfs of
+`disk_mb` beyond its copy of the task; past it a write fails with ENOSPC ("No space left on
+device"), and the pages count against `memory_mb` too. R2E-Gym image tasks have none.
 
     with open_sandbox(task_row, cfg, store, mode="agent") as sb:
         r = sb.run("python -c 'print(1)'", timeout=10)   # CommandResult(exit_code, output, timed_out, seconds, ...)
         r = sb.run("git apply -", stdin=patch_text)         # run(cmd, timeout=None, *, workdir="/testbed",
                                                             #     output_cap=None, env=None, stdin=None)
         sb.write_file("/testbed/pkg/mod.py", "...")         # parents created; owned by the sandbox user
-        text = sb.read_file("pkg/mod.py")                   # relative paths: relative to /testbed
+        text = sb.read_file("pkg/mod.py")                   # relative paths: relative to /testbed;
+                                                            # FileTooLargeError over 256 MB, never cut
         sb.copy_tree_in(host_dir, "/testbed/data")
-        patch = sb.diff()                                   # the rollout's final patch
+        patch = sb.diff()                                   # the rollout's final patch (trusted git)
 
 Modes: "agent" = /testbed only; the hidden tests and run_tests.sh are nowhere in the
 sandbox. "grading" = also /root/r2e_tests and /root/run_tests.sh (read-only for uid 1000),
@@ -58,8 +63,8 @@ from __future__ import annotations
 
 import os
 
-from tasks.sandbox.base import (DIFF_EXCLUDES, BaseSandbox, CommandResult, SandboxError, SandboxInfraError,
-                                close_all, pid_alive)
+from tasks.sandbox.base import (DIFF_EXCLUDES, BaseSandbox, CommandResult, FileTooLargeError, SandboxError,
+                                SandboxInfraError, close_all, pid_alive)
 from tasks.sandbox.environment import EnvironmentError_ as EnvironmentSpecError
 from tasks.sandbox.environment import Environment, RUN_TESTS_SH, resolve as resolve_environment
 from tasks.sandbox.environment import build_archive as build_environment_archive
@@ -67,7 +72,7 @@ from tasks.sandbox.environment import build_archive as build_environment_archive
 Sandbox = BaseSandbox
 MODES = ("agent", "grading")
 
-__all__ = ["open_sandbox", "Sandbox", "CommandResult", "SandboxError", "SandboxInfraError",
+__all__ = ["open_sandbox", "Sandbox", "CommandResult", "SandboxError", "SandboxInfraError", "FileTooLargeError",
            "EnvironmentSpecError", "Environment", "resolve_environment", "build_environment_archive",
            "RUN_TESTS_SH", "DIFF_EXCLUDES", "close_all", "close_pools", "reap_stale", "leftovers"]
 
@@ -95,7 +100,7 @@ def close_pools() -> None:
 
 
 def reap_stale(docker: bool = True) -> list[str]:
-    """Remove containers, cgroups and temp dirs left by sandbox-owning processes that died."""
+    """Remove containers, cgroups, tmpfs mounts and temp dirs left by sandbox-owning processes that died."""
     from tasks.sandbox import bwrap
 
     removed = bwrap.reap_stale(pid_alive)

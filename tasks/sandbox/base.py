@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
+import errno
 import os
 import posixpath
 import re
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +24,17 @@ R2E_PATH = ("/root/.venv/bin:/root/.local/bin:/root/.cargo/bin:/usr/local/sbin:/
 # Our base image has no /root/.venv for uid 1000; the repo's venv plays that part.
 LOCAL_PATH = "/testbed/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+# The task's own .git as it came in the environment, read-only to the agent (archive tasks):
+# diff() reads HEAD, config and objects from there, never from the agent's /testbed/.git.
+PRISTINE_GIT = "/run/rlvr-git"
+# The rootfs's git (read-only / root-owned), never a PATH lookup: /testbed/.venv/bin comes first
+# there. No system/global config; no fsmonitor, hooks, untracked cache, external diff or textconv.
+TRUSTED_GIT = ("/usr/bin/git -c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.untrackedCache=false "
+               "-c core.quotepath=false")
+DIFF_CAP_BYTES = 64 * 1024 * 1024
+TRUSTED_GIT_ENV = {"GIT_DIR": PRISTINE_GIT, "GIT_WORK_TREE": "/testbed", "GIT_CONFIG_NOSYSTEM": "1",
+                   "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ALTERNATE_OBJECT_DIRECTORIES": f"{PRISTINE_GIT}/objects"}
+
 
 class SandboxError(RuntimeError):
     """A sandbox operation failed for a reason that is not the agent's code."""
@@ -28,6 +42,14 @@ class SandboxError(RuntimeError):
 
 class SandboxInfraError(SandboxError):
     """Infrastructure failed (engine, start-up, set-up): retry, and never count it as reward 0."""
+
+
+class FileTooLargeError(OSError):
+    """read_file refused a file over the read cap: it is never returned cut short."""
+
+    def __init__(self, path: str, size: int, cap: int):
+        super().__init__(errno.EFBIG, f"{path} is {size} bytes, over the {cap}-byte limit for reading a file whole")
+        self.path, self.size, self.cap = path, size, cap
 
 
 @dataclass
@@ -111,7 +133,9 @@ class BaseSandbox:
         cfg.output_cap_bytes; stdin: bytes fed to the command, else /dev/null)."""
         raise NotImplementedError
 
-    def read_file(self, path: str) -> str:
+    def _exec(self, argv: list[str], timeout: float, cap: int, stdin: bytes | None = None,
+              workdir: str = "/testbed", env: dict[str, str] | None = None) -> tuple[CommandResult, bytes]:
+        """argv as the sandbox user, no shell; returns the result and its raw (capped) output."""
         raise NotImplementedError
 
     def write_file(self, path: str, content: str | bytes) -> None:
@@ -124,19 +148,37 @@ class BaseSandbox:
         raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------------
+    # Bytes read_file returns at most; a larger file raises FileTooLargeError.
+    read_cap_bytes = 256 * 1024 * 1024
+
+    def read_file(self, path: str) -> str:
+        # Read inside the sandbox: a host-side open() would follow the agent's symlinks as root.
+        # The size first, then at most cap + 1 bytes: a file over the cap is refused, not cut.
+        cap = self.read_cap_bytes
+        r, data = self._exec(["/bin/sh", "-c", 'stat -L -c %s -- "$1" && exec head -c "$2" -- "$1"', "sh",
+                              check_path(path), str(cap + 1)], 60, cap + 64)
+        size, _, data = data.partition(b"\n")
+        if r.exit_code != 0 or not size.isdigit():
+            err = data if size.isdigit() else size + b"\n" + data  # stat's or head's message
+            raise FileNotFoundError(f"{path}: {decode(err).strip()}")
+        if len(data) > cap or int(size) > cap:
+            raise FileTooLargeError(path, max(int(size), len(data)), cap)
+        return decode(data)
+
     def diff(self) -> str:
         """The rollout's final patch: every change under /testbed, new files included.
 
         `git add -A && git diff --cached` as R2E-Gym's get_patch, minus DIFF_EXCLUDES, and
-        `--binary` so that a binary change still applies at grading time.
+        `--binary` so that a binary change still applies at grading time; computed by a git the
+        agent cannot replace or configure, against the task's pristine .git (diff_script).
         """
-        spec = " ".join(f"':(exclude,glob){p}'" if "*" in p else f"':(exclude){p}'" for p in DIFF_EXCLUDES)
-        # Exclusions go to `diff` only: `git add` fails when an excluded path is also git-ignored.
-        r = self.run(f"git add -A && git -c core.quotepath=false diff --cached --binary -- . {spec}",
-                     timeout=60, output_cap=64 * 1024 * 1024)
+        r = self._run_diff()
         if not r.ok:
             raise SandboxError(f"git diff failed in /testbed (exit {r.exit_code}): {r.output[-2000:]}")
         return r.output
+
+    def _run_diff(self) -> CommandResult:
+        return self.run(diff_script(), timeout=60, output_cap=DIFF_CAP_BYTES, env=TRUSTED_GIT_ENV)
 
     def close(self) -> None:
         if getattr(self, "_closed", False):
@@ -153,6 +195,72 @@ class BaseSandbox:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def diff_script(trusted: bool = True, scratch: str = "/run/rlvr-diff") -> str:
+    """The shell command behind diff(). trusted: the rootfs's git on the pristine .git (run with
+    TRUSTED_GIT_ENV), its index (copied, then refreshed: unchanged files are not rewritten) and new
+    objects in `scratch`, a fresh dir out of the agent's reach and off its full quota (bwrap: the
+    command's own /run), so no fake git, .git/config, hook or rewritten ref/object of the agent's
+    reaches the patch. Untrusted: the PATH's git on /testbed/.git (R2E-Gym images)."""
+    spec = " ".join(f"':(exclude,glob){p}'" if "*" in p else f"':(exclude){p}'" for p in DIFF_EXCLUDES)
+    if not trusted:
+        # Exclusions go to `diff` only: `git add` fails when an excluded path is also git-ignored.
+        return f"git add -A && git -c core.quotepath=false diff --cached --binary -- . {spec}"
+    g = TRUSTED_GIT
+    return (f't={scratch} && mkdir -p "$t/objects" && export HOME="$t" GIT_INDEX_FILE="$t/index" '
+            f'GIT_OBJECT_DIRECTORY="$t/objects" && {{ cp {PRISTINE_GIT}/index "$t/index" 2>/dev/null; '
+            f'{g} update-index -q --refresh >/dev/null 2>&1; '
+            f'{g} add -A && {g} diff --cached --binary --no-ext-diff --no-textconv -- . {spec}; }}')
+
+
+# -- disk quota: one size-limited tmpfs per sandbox holds everything it can write ----------------
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_NOSUID, MS_NODEV, MS_REMOUNT, MNT_DETACH = 2, 4, 32, 2
+
+
+def mount_tmpfs(path, size_bytes: int, mode: int = 0o755, remount: bool = False) -> None:
+    """Mount (or resize) a tmpfs of size_bytes at path: writes past it fail with ENOSPC."""
+    flags = MS_NOSUID | MS_NODEV | (MS_REMOUNT if remount else 0)
+    opts = (f"size={int(size_bytes)}" + ("" if remount else f",mode={mode:o}")).encode()
+    if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, opts) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount tmpfs at {path}: {os.strerror(e)}")
+
+
+def remove_tmpfs_dir(path) -> None:
+    """Unmount the tmpfs at path, and all it holds with it, then remove the dir (also if never mounted)."""
+    # Lazy: a mount a dying process (or a removed container) still holds goes as soon as it is free.
+    _libc.umount2(os.fsencode(path), MNT_DETACH)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def chown_tree(root, uid: int) -> None:
+    os.lchown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, n), uid, uid)
+
+
+_TREE_BYTES: dict[str, int] = {}
+
+
+def tree_bytes(*roots) -> int:
+    """What copies of these trees take in a tmpfs (whole pages), cached: environments never change."""
+    total = 0
+    for root in roots:
+        key = str(root)
+        if key not in _TREE_BYTES:
+            n = 0
+            for dirpath, dirnames, filenames in os.walk(root):
+                for name in filenames + dirnames:
+                    try:
+                        n += -(-os.lstat(os.path.join(dirpath, name)).st_size // 4096) * 4096 + 4096
+                    except OSError:
+                        pass
+            _TREE_BYTES[key] = n
+        total += _TREE_BYTES[key]
+    return total
 
 
 # Every open sandbox, so an interrupted process (Ctrl-C, exception, normal exit) still

@@ -1,7 +1,8 @@
 """bubblewrap backend: no daemon, one short-lived sandboxed process per command.
 
-A sandbox is a host directory (its /testbed and /tmp) plus one cgroup per
-controller; each `run` starts, as root only for the first microsecond:
+A sandbox is a host directory (its /testbed and /tmp) on its own size-limited tmpfs
+(`cfg.disk_mb` beyond the repo's copy: writing more gives ENOSPC, never a full host disk)
+plus one cgroup per controller; each `run` starts, as root only for the first microsecond:
 
     sh (joins the cgroups) -> setpriv (host uid RLVR_BWRAP_HOST_UID, default 61000, no groups)
        -> timeout -s KILL -> bwrap (new user/pid/net/ipc/uts/cgroup namespaces, uid 1000,
@@ -30,8 +31,9 @@ import threading
 import time
 
 from tasks.sandbox import image as image_mod
-from tasks.sandbox.base import (LOCAL_PATH, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, abs_workdir, add_cpu_seconds, check_path, decode, new_id, register)
+from tasks.sandbox.base import (LOCAL_PATH, PRISTINE_GIT, BaseSandbox, CommandResult, OutputCap, SandboxError,
+                                SandboxInfraError, abs_workdir, add_cpu_seconds, check_path, chown_tree, decode,
+                                mount_tmpfs, new_id, register, remove_tmpfs_dir, tree_bytes)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
 HOST_UID = int(os.environ.get("RLVR_BWRAP_HOST_UID", "61000"))
@@ -143,13 +145,6 @@ class Cgroup:
         self.dirs = [d for d in self.dirs if d.exists()]
 
 
-def _chown_tree(root: pathlib.Path, uid: int) -> None:
-    os.lchown(root, uid, uid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, n), uid, uid)
-
-
 # Joins the cgroups (needs root), then execs the rest of argv.
 _ATTACH = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
@@ -172,9 +167,11 @@ class BwrapSandbox(BaseSandbox):
         try:
             work_root().mkdir(mode=0o755, exist_ok=True)
             self.work.mkdir(mode=0o755)
+            # The quota: pages the sandbox writes here are also charged to its memory cgroup.
+            mount_tmpfs(self.work, cfg.disk_mb * 1024 * 1024 + tree_bytes(env.testbed))
             shutil.copytree(env.testbed, self.work / "testbed", symlinks=True)
             (self.work / "tmp").mkdir(mode=0o700)
-            _chown_tree(self.work / "testbed", HOST_UID)
+            chown_tree(self.work / "testbed", HOST_UID)
             os.lchown(self.work / "tmp", HOST_UID, HOST_UID)
             self.cgroup = Cgroup(self.id, cfg.memory_mb, cfg.pids_limit, cfg.cpus)
         except SandboxInfraError:
@@ -191,12 +188,17 @@ class BwrapSandbox(BaseSandbox):
 
     # -- commands -----------------------------------------------------------------------
     def _bwrap_args(self, workdir: str, env: dict[str, str]) -> list[str]:
+        # Per-command tmpfs (gone when the command ends), each capped at the quota as well.
+        quota = str(self.cfg.disk_mb * 1024 * 1024)
         a = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
              "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--die-with-parent", "--new-session",
              "--cap-drop", "ALL",
              "--ro-bind", str(self.rootfs), "/", "--proc", "/proc", "--dev", "/dev",
-             "--tmpfs", "/dev/shm", "--tmpfs", "/var/tmp", "--tmpfs", "/run",
-             "--bind", str(self.work / "testbed"), "/testbed", "--bind", str(self.work / "tmp"), "/tmp"]
+             "--size", quota, "--tmpfs", "/dev/shm", "--size", quota, "--tmpfs", "/var/tmp",
+             "--size", quota, "--tmpfs", "/run",
+             "--bind", str(self.work / "testbed"), "/testbed", "--bind", str(self.work / "tmp"), "/tmp",
+             # The environment's own .git, root-owned and read-only: what diff() trusts.
+             "--ro-bind", str(self.env.testbed / ".git"), PRISTINE_GIT]
         if self.mode == "grading":
             # Hidden tests and run_tests.sh, read-only, where R2E-Gym keeps them.
             a += ["--ro-bind", str(self.env.hidden), "/root"]
@@ -290,14 +292,7 @@ class BwrapSandbox(BaseSandbox):
                           output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=abs_workdir(workdir), env=env)
         return r
 
-    # -- files --------------------------------------------------------------------------
-    def read_file(self, path: str) -> str:
-        # Read inside the sandbox: a host-side open() would follow the agent's symlinks as root.
-        r, data = self._exec(["cat", "--", check_path(path)], 60, 256 * 1024 * 1024)
-        if r.exit_code != 0:
-            raise FileNotFoundError(f"{path}: {r.output.strip()}")
-        return decode(data)
-
+    # -- files (read_file: BaseSandbox) ---------------------------------------------------
     def write_file(self, path: str, content: str | bytes) -> None:
         data = content.encode() if isinstance(content, str) else content
         r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", check_path(path)],
@@ -318,7 +313,7 @@ class BwrapSandbox(BaseSandbox):
             self.cgroup.kill_all()
             add_cpu_seconds(self.cgroup.cpu_seconds())
             self.cgroup.remove()
-        shutil.rmtree(self.work, ignore_errors=True)
+        remove_tmpfs_dir(self.work)
 
 
 def _feed(pipe, data: bytes) -> None:
@@ -391,7 +386,7 @@ def reap_stale(pid_alive) -> list[str]:
         for d in work_root().iterdir():
             pid = owner_pid(d.name)
             if pid is not None and not pid_alive(pid):
-                shutil.rmtree(d, ignore_errors=True)
+                remove_tmpfs_dir(d)
                 removed.append(str(d))
     return removed
 

@@ -3,17 +3,21 @@
 Containers run `sleep infinity` with no network (`network_mode=none`), memory (no
 swap), pids and CPU limits, all capabilities dropped and no-new-privileges.
 
-- archive tasks start from the base image (`cfg.image`); /testbed is put in owned
-  by uid 1000 and commands run as uid 1000, like bwrap.
+- archive tasks start from the base image (`cfg.image`) with a read-only root; every
+  dir uid 1000 can write (/testbed, /tmp, /var/tmp, /dev/shm, /run/lock) and /root (the
+  hidden tests, root-owned) are bind mounts of one host tmpfs per container, sized
+  `cfg.disk_mb` beyond the task's files (ENOSPC past it, never a full host disk), filled
+  from the host; the task's pristine .git is there too, read-only at PRISTINE_GIT for
+  diff(). /testbed is owned by uid 1000 and commands run as uid 1000, like bwrap.
 - image tasks (real R2E-Gym rows: `docker_image`, no `environment_uri`) start from
   that image and run as root, as R2E-Gym does; its hidden tests are removed
   (agent mode) or moved to /root (grading mode) at start.
 
 `cfg.docker_reuse` keeps containers of archive tasks warm between sandboxes: on
-close the container is reset (every uid-1000 process killed, every place uid 1000
-can write emptied, the hidden tests removed) and handed to the next sandbox on the
-same image and limits, whatever its task or mode (at most `cfg.concurrency` idle per
-image and limits). uid 1000 cannot write anywhere else, so a reset container is as
+close the container is reset (every uid-1000 process killed, then its host tmpfs
+emptied: the writable dirs, the hidden tests, the pristine .git) and handed to the
+next sandbox on the same image and limits, whatever its task or mode (at most
+`cfg.concurrency` idle per image and limits). uid 1000 cannot write anywhere else, so a reset container is as
 clean as a new one. Image tasks run as root and are never reused.
 """
 
@@ -24,19 +28,34 @@ import io
 import os
 import pathlib
 import select
+import shutil
 import socket
 import tarfile
+import tempfile
 import threading
 import time
 
-from tasks.sandbox.base import (LOCAL_PATH, R2E_PATH, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, abs_workdir, add_cpu_seconds, check_path, decode, new_id, register)
+from tasks.sandbox.base import (DIFF_CAP_BYTES, LOCAL_PATH, PRISTINE_GIT, R2E_PATH, TRUSTED_GIT_ENV, BaseSandbox,
+                                CommandResult, OutputCap, SandboxError, SandboxInfraError, abs_workdir,
+                                add_cpu_seconds, check_path, chown_tree, decode, diff_script, mount_tmpfs, new_id,
+                                owner_pid, register, remove_tmpfs_dir, tree_bytes)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
 LABEL = "rlvr.sandbox"
 KILL_GRACE_S = 5.0
-# Where uid 1000 can write in the base image (world-writable dirs + /testbed); a reset empties them.
-WRITABLE = ("/testbed", "/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# Archive tasks: host tmpfs subdir -> container path, all else read-only. The first five are where
+# uid 1000 can write in the base image (world-writable dirs + /testbed); a reset empties them all.
+# scratch: diff()'s temp space, a tmpfs of its own (the agent cannot fill it), root's until a diff.
+BINDS = {"testbed": "/testbed", "tmp": "/tmp", "vartmp": "/var/tmp", "shm": "/dev/shm", "runlock": "/run/lock",
+         "root": "/root", "git": PRISTINE_GIT, "scratch": "/run/rlvr-scratch"}
+
+
+def host_root() -> pathlib.Path:
+    return pathlib.Path(tempfile.gettempdir()) / "rlvr-docker"
+
+
+def _host_dir(name: str) -> pathlib.Path:
+    return host_root() / name
 
 # SIGKILL every process of the sandbox user but this shell until none is left alive (zombies
 # do not count; tini, init=True, reaps them). kill(-1)'s own status cannot tell: it succeeds
@@ -114,6 +133,27 @@ def _remove(container) -> None:
         container.remove(force=True)
     except Exception:
         pass
+    remove_tmpfs_dir(_host_dir(container.name))
+
+
+def _make_host_dir(name: str) -> None:
+    w = _host_dir(name)
+    host_root().mkdir(mode=0o700, exist_ok=True)
+    w.mkdir(mode=0o700)
+    mount_tmpfs(w, 1024 * 1024, mode=0o700)  # resized for each task by _populate
+    for sub in BINDS:
+        (w / sub).mkdir()
+        # As in the base image: world-writable with the sticky bit, /testbed (uid 1000's) and /root 0755.
+        os.chmod(w / sub, 0o755 if sub in ("testbed", "root", "git", "scratch") else 0o1777)
+    mount_tmpfs(w / "scratch", 1024 * 1024)
+
+
+def _empty(d: pathlib.Path) -> None:
+    for e in os.scandir(d):
+        if e.is_dir(follow_symlinks=False):
+            shutil.rmtree(e.path)
+        else:
+            os.unlink(e.path)
 
 
 class DockerSandbox(BaseSandbox):
@@ -155,7 +195,14 @@ class DockerSandbox(BaseSandbox):
 
         cfg = self.cfg
         name = new_id()
+        local = {}
+        if self.local:  # R2E-Gym images (root inside) keep their writable layer: no quota there
+            binds = {str(_host_dir(name) / sub): {"bind": dest, "mode": "ro" if sub == "git" else "rw"}
+                     for sub, dest in BINDS.items()}
+            local = dict(read_only=True, volumes=binds)
         try:
+            if self.local:
+                _make_host_dir(name)
             return client().containers.run(
                 self.env.image, ["sleep", "infinity"], detach=True, name=name,
                 network_mode="none", mem_limit=f"{cfg.memory_mb}m", memswap_limit=f"{cfg.memory_mb}m",
@@ -165,7 +212,7 @@ class DockerSandbox(BaseSandbox):
                 stop_signal="SIGKILL",
                 # tini as pid 1 reaps orphans: killed background processes must not linger as
                 # zombies (they would count against pids_limit and keep kill(-1) succeeding).
-                init=True,
+                init=True, **local,
             )
         except BaseException as e:
             # `run` is create + start: a failed start leaves a created container behind.
@@ -173,6 +220,7 @@ class DockerSandbox(BaseSandbox):
                 client().containers.get(name).remove(force=True)
             except Exception:
                 pass
+            remove_tmpfs_dir(_host_dir(name))
             if isinstance(e, docker.errors.ImageNotFound):
                 raise SandboxInfraError(f"docker image {self.env.image!r} not found (and not pullable: "
                                         "build or load it first)") from e
@@ -183,10 +231,19 @@ class DockerSandbox(BaseSandbox):
     def _populate(self) -> None:
         c = self.container
         if self.local:
-            # One call: /testbed, and in grading mode the hidden tests in /root (root-owned,
-            # read-only for uid 1000, where R2E-Gym keeps them; a reset leaves them be).
-            if not c.put_archive("/", self.env.tar(self.mode)):
-                raise SandboxInfraError("docker: cannot put /testbed into the container")
+            # From the host into the container's tmpfs (sized for this task: a reused one is
+            # resized): /testbed (uid 1000's), the pristine .git, and in grading mode the hidden
+            # tests in /root (root-owned, read-only for uid 1000, where R2E-Gym keeps them).
+            env, w = self.env, _host_dir(c.name)
+            hidden = self.mode == "grading"
+            need = tree_bytes(env.testbed, env.testbed / ".git", *([env.hidden] if hidden else []))
+            for fs in (w, w / "scratch"):
+                mount_tmpfs(fs, self.cfg.disk_mb * 1024 * 1024 + need, remount=True)
+            shutil.copytree(env.testbed, w / "testbed", symlinks=True, dirs_exist_ok=True)
+            chown_tree(w / "testbed", SANDBOX_UID)
+            shutil.copytree(env.testbed / ".git", w / "git", symlinks=True, dirs_exist_ok=True)
+            if hidden:
+                shutil.copytree(env.hidden, w / "root", symlinks=True, dirs_exist_ok=True)
             return
         # R2E-Gym image: the hidden tests live in /r2e_tests and /testbed/run_tests.sh.
         venv = ("ln -sfn /testbed/.venv /root/.venv; mkdir -p /root/.local/bin; "
@@ -228,21 +285,26 @@ class DockerSandbox(BaseSandbox):
         except docker.errors.DockerException as e:
             raise _infra("exec", e) from e
         raw = getattr(sock, "_sock", sock)
+        early = _read_ahead(sock, raw)
         writer = None
         if stdin is not None:
             writer = threading.Thread(target=_send, args=(raw, stdin), daemon=True)
             writer.start()
         out = OutputCap(cap)
-        timed_out = False
+        timed_out, killer = False, []
         try:
-            timed_out = self._drain(raw, out, t0 + timeout, eid)
+            timed_out = self._drain(raw, out, t0 + timeout, eid, killer, early)
         finally:
             try:
-                sock.close()
+                sock.close()  # also unblocks docker's copy of the output, should we have stopped reading
             except OSError:
                 pass
             if writer is not None:
                 writer.join(1.0)
+            for k in killer:  # the next command must not start while the kill loop still runs
+                k.join(KILL_GRACE_S)
+                if k.is_alive():
+                    self._discard = True
         if getattr(self, "_closed", False) and not closing:
             raise SandboxError(f"sandbox {self.id} was closed while the command ran")
         code = None
@@ -261,15 +323,25 @@ class DockerSandbox(BaseSandbox):
                              seconds=time.monotonic() - t0, truncated=out.truncated,
                              output_bytes=out.total), data
 
-    def _drain(self, raw, out: OutputCap, deadline: float, eid: str) -> bool:
+    def _drain(self, raw, out: OutputCap, deadline: float, eid: str, killer: list, early: bytes = b"") -> bool:
         """Read docker's multiplexed stream (8-byte frame headers) until EOF or the deadline."""
-        buf = bytearray()
+        buf = bytearray(early)
         timed_out = False
         while True:
+            while len(buf) >= 8:
+                size = int.from_bytes(buf[4:8], "big")
+                if len(buf) < 8 + size:
+                    break
+                out.feed(bytes(buf[8:8 + size]))
+                del buf[:8 + size]
             now = time.monotonic()
             if not timed_out and now >= deadline:
                 timed_out = True
-                self._kill_processes(eid)
+                # Kill from another thread and keep reading: dockerd finishes an exited exec (and
+                # every later exec of the container, the kill's too) only once its output is read.
+                k = threading.Thread(target=self._kill_processes, args=(eid,), daemon=True)
+                k.start()
+                killer.append(k)
                 deadline = now + KILL_GRACE_S
             elif timed_out and now >= deadline:
                 return True
@@ -283,12 +355,6 @@ class DockerSandbox(BaseSandbox):
             if not chunk:
                 return timed_out
             buf += chunk
-            while len(buf) >= 8:
-                size = int.from_bytes(buf[4:8], "big")
-                if len(buf) < 8 + size:
-                    break
-                out.feed(bytes(buf[8:8 + size]))
-                del buf[:8 + size]
 
     def _kill_processes(self, eid: str) -> None:
         """Kill a timed-out command and what it started."""
@@ -319,13 +385,26 @@ class DockerSandbox(BaseSandbox):
                           output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=abs_workdir(workdir), env=env)
         return r
 
-    # -- files (through the sandbox user, so permissions and symlinks are the sandbox's) --
-    def read_file(self, path: str) -> str:
-        r, data = self._exec(["cat", "--", check_path(path)], 60, 256 * 1024 * 1024)
+    def _run_diff(self) -> CommandResult:
+        if not self.local:
+            # R2E-Gym images run the agent as root: nothing there is out of its reach, so their git as before.
+            return self.run(diff_script(trusted=False), timeout=60, output_cap=DIFF_CAP_BYTES)
+        # Background processes outlive commands here: end them, then give the diff (uid 1000 too) a
+        # fresh dir no process of the agent's can rewrite.
+        r, _ = self._exec(["/bin/sh", "-c", _KILL_ALL], 30, 4096, workdir="/", wrap=False)
         if r.exit_code != 0:
-            raise FileNotFoundError(f"{path}: {r.output.strip()}")
-        return decode(data)
+            return r
+        d = _host_dir(self.container.name) / "scratch" / "diff"
+        d.mkdir(exist_ok=True)
+        os.chown(d, SANDBOX_UID, SANDBOX_UID)
+        try:
+            r, _ = self._exec(["/bin/sh", "-c", diff_script(scratch=BINDS["scratch"] + "/diff")], 60, DIFF_CAP_BYTES,
+                              env=TRUSTED_GIT_ENV)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        return r
 
+    # -- files (through the sandbox user, so permissions and symlinks are the sandbox's; read_file: base) --
     def write_file(self, path: str, content: str | bytes) -> None:
         data = content.encode() if isinstance(content, str) else content
         r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", check_path(path)],
@@ -354,18 +433,17 @@ class DockerSandbox(BaseSandbox):
 
     def _reset(self) -> bool:
         """Make a used container as clean as a new one; False if that cannot be shown."""
-        dirs = " ".join(WRITABLE)
-        # Not under `timeout`: kill(-1) would kill that wrapper too.
-        script = (f"{_KILL_ALL} && chmod -R u+rwX {dirs} 2>/dev/null; find {dirs} -mindepth 1 -delete 2>/dev/null; "
-                  f"test -z \"$(find {dirs} -mindepth 1 2>/dev/null | head -n 1)\"")
         try:
-            r, _ = self._exec(["/bin/sh", "-c", script], 30, 4096, workdir="/", wrap=False, closing=True)
+            # Not under `timeout`: kill(-1) would kill that wrapper too.
+            r, _ = self._exec(["/bin/sh", "-c", _KILL_ALL], 30, 4096, workdir="/", wrap=False, closing=True)
             if r.exit_code != 0:
                 return False
-            # The hidden tests are root's (uid 1000 could not touch them): root removes them.
-            r, _ = self._exec(["/bin/sh", "-c", "rm -rf /root/r2e_tests /root/run_tests.sh && "
-                               "test -z \"$(ls -A /root)\""], 30, 4096, workdir="/", user="0:0", closing=True)
-            return r.exit_code == 0
+            # No process of uid 1000 is left and the root is read-only: emptying the tmpfs from the
+            # host (root, fd-based, never through a link) leaves nothing of the last sandbox.
+            w = _host_dir(self.container.name)
+            for sub in BINDS:
+                _empty(w / sub)
+            return not any(any((w / sub).iterdir()) for sub in BINDS)
         except Exception:
             return False
 
@@ -397,6 +475,22 @@ def _container_cpu(c) -> float:
     return 0.0
 
 
+def _read_ahead(sock, raw) -> bytes:
+    """The stream's first bytes, should http.client have read them along with the upgrade's
+    headers (a fast command's whole output): they are in its buffer, not in the socket."""
+    fp = getattr(getattr(getattr(getattr(sock, "_response", None), "raw", None), "_fp", None), "fp", None)
+    if fp is None:
+        return b""
+    timeout = raw.gettimeout()
+    raw.setblocking(False)  # an empty buffer must not wait for the socket
+    try:
+        return fp.read1(1 << 16) or b""
+    except OSError:
+        return b""
+    finally:
+        raw.settimeout(timeout)
+
+
 def _send(raw, data: bytes) -> None:
     try:
         raw.sendall(data)
@@ -411,24 +505,36 @@ def _owned(c) -> tuple[str, int | None]:
 
 
 def reap_stale(pid_alive) -> list[str]:
-    """Remove this host's sandbox containers whose owner process is gone."""
+    """Remove this host's sandbox containers (and their host tmpfs) whose owner process is gone."""
     removed = []
     for c in client().containers.list(all=True, filters={"label": LABEL}):
         host, pid = _owned(c)
         if host == socket.gethostname() and pid is not None and not pid_alive(pid):
             _remove(c)
             removed.append(c.name)
+    for w in _host_dirs():
+        pid = owner_pid(w.name)
+        if pid is not None and not pid_alive(pid):
+            remove_tmpfs_dir(w)
+            removed.append(str(w))
     return removed
 
 
+def _host_dirs() -> list[pathlib.Path]:
+    return sorted(host_root().iterdir()) if host_root().is_dir() else []
+
+
 def leftovers(pid: int, include_pool: bool = False) -> list[str]:
-    """Containers a process still holds (warm pool excluded unless asked)."""
+    """Containers and host tmpfs dirs a process still holds (warm pool excluded unless asked)."""
     with _POOL_LOCK:
         pooled = {c.id for cs in _POOL.values() for c in cs}
+        pooled_names = {c.name for cs in _POOL.values() for c in cs}
     out = []
     for c in client().containers.list(all=True, filters={"label": LABEL}):
         host, p = _owned(c)
         if host == socket.gethostname() and p == pid and (include_pool or c.id not in pooled):
             out.append(c.name)
+    out += [str(w) for w in _host_dirs()
+            if owner_pid(w.name) == pid and (include_pool or w.name not in pooled_names)]
     return out
 

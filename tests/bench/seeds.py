@@ -19,21 +19,29 @@ import pathlib
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_seed(preset: str, run_id: str, seed: int, overrides: list[str]) -> dict:
-    """One run's summary (flows.main --json prints it last, as an indented JSON object)."""
+    """One run's summary (flows.main --json prints it last, as an indented JSON object), with the
+    user's wall time of the whole command; its output is passed on as it comes."""
     cmd = [sys.executable, "-m", "flows.main", "--preset", preset, "--run-id", run_id, "--json",
            f"seed={seed}", *overrides]
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    out = proc.stdout
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        sys.stderr.write(line)
+    proc.wait()
+    out = "".join(lines)
     start = out.rfind("\n{\n")
     if proc.returncode not in (0, 1) or start < 0:
         raise SystemExit(f"seed {seed}: flows.main exited {proc.returncode} without a summary:\n{out[-2000:]}")
-    return json.loads(out[start + 1:])
+    return {**json.loads(out[start + 1:]), "wall_s": time.monotonic() - t0}
 
 
 def minutes(summary: dict) -> float:
@@ -54,11 +62,15 @@ def main() -> int:
         evals = ", ".join(f"{e['step']}: {e['pass_at_k']:.3f}" for e in s["evaluations"])
         rows.append((seed, s))
         print(f"seed {seed}: {s['status']}, {s['steps']} steps, {minutes(s):.1f} min to train, "
-              f"pass@4 by step {{{evals}}}", flush=True)
-    print("\n| seed | status | steps | time to train (min) | last pass@4 |\n|---|---|---|---|---|")
+              f"{s['wall_s'] / 60:.1f} min of wall time, pass@4 by step {{{evals}}}", flush=True)
+    print("\n| seed | status | steps | passed at | time to train (min) | wall time (min) | best pass@4 |\n"
+          "|---|---|---|---|---|---|---|")
     for seed, s in rows:
-        last = s["evaluations"][-1]["pass_at_k"] if s["evaluations"] else float("nan")
-        print(f"| {seed} | {s['status']} | {s['steps']} | {minutes(s):.1f} | {last:.3f} |")
+        best = max((e["pass_at_k"] for e in s["evaluations"]), default=float("nan"))
+        passed = (s.get("offline") or {}).get("passed_step") or next(
+            (e["step"] for e in s["evaluations"] if s["status"] == "succeeded" and e["pass_at_k"] == best), "-")
+        print(f"| {seed} | {s['status']} | {s['steps']} | {passed} | {minutes(s):.1f} | {s['wall_s'] / 60:.1f} "
+              f"| {best:.3f} |")
     done = [minutes(s) for _, s in rows if s["status"] == "succeeded" and s.get("time_to_train_s")]
     if done:
         print(f"\nreached the target: {len(done)} of {len(rows)}; time to train median {statistics.median(done):.1f} "
