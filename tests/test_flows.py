@@ -179,7 +179,7 @@ def test_warm_start_stages_restart_cycles_then_the_habit_phase(smoke_prepared):
     from flows.runtime import load_tasks
     from tasks.storage import Store
 
-    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    sys.path.insert(0, str(REPO / "research"))
     from first_action import first_action
 
     sft = {"pool_tasks": 4, "max_steps": 8, "cosine_decay": True, "cosine_cycles": 2, "restart_cycles": 1,

@@ -1,7 +1,7 @@
 """Why evaluation samples fail (a measurement script, not a test): for each failed sample of an
 evaluation run, its first `str_replace` against the gold patch.
 
-    .venv/bin/python tests/bench/eval_failures.py RUN_ID datasets/DATASET_ID/tasks.parquet [--store URL] [--step N]
+    .venv/bin/python research/eval_failures.py RUN_ID datasets/DATASET_ID/tasks.parquet [--store URL] [--step N]
 
 Categories: no file view / no edit at all; the edit's site (the lines of the viewed file closest
 to its `old_str`) is or is not a line the gold patch changes (or the line an insertion follows);
@@ -16,7 +16,7 @@ import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from tasks.storage import Store  # noqa: E402
 
 VIEW = "Here's the result of running `cat -n` on "

@@ -3,7 +3,7 @@ train-split tasks at the evaluation sampling (T=0.1, top-p 0.95, 4 samples), thr
 rollout and grading path. Compare with `flows.evaluate` on validation: a warm start that scores
 here and not there memorised its demonstrations.
 
-    .venv/bin/python tests/bench/train_split_pass.py CHECKPOINT_DIR
+    .venv/bin/python research/train_split_pass.py CHECKPOINT_DIR
 """
 
 import collections
@@ -11,7 +11,7 @@ import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from flows.grpo_iteration import collect_rollouts  # noqa: E402
 from flows.prepare import prepare_run_context  # noqa: E402
 from tasks.grading import grade_rollouts  # noqa: E402

@@ -12,14 +12,14 @@ Also: old_str[1:] NLL by quarter of the distance back to the first assistant tur
 file it shows), and with
 --show N the first N targets' old_str with each wrong token as [wanted->argmax].
 
-    .venv/bin/python tests/bench/bench_warm_start.py EVAL_RUN_ID CHECKPOINT_DIR [...] [--show N]
+    .venv/bin/python research/bench_warm_start.py EVAL_RUN_ID CHECKPOINT_DIR [...] [--show N]
 """
 
 import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 

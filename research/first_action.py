@@ -2,7 +2,7 @@
 succeeded: for training steps (trajectories + rewards) and evaluations (eval_trajectories +
 eval_rewards) of a run. A measurement script for the blind-edit habit (sft.blind_edit_demonstrations).
 
-    .venv/bin/python tests/bench/first_action.py RUN_ID [--steps 1,2,3] [--eval]
+    .venv/bin/python research/first_action.py RUN_ID [--steps 1,2,3] [--eval]
 """
 
 import argparse
@@ -11,7 +11,7 @@ import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from tasks.storage import Store  # noqa: E402
 
 

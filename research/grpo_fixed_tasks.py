@@ -6,7 +6,7 @@ step and each task's success rate in the first and last steps. On a fixed set th
 rise if the update works; if it does and the validation pass@4 still does not move, what limits
 the run is how the learned behaviour transfers, not the optimiser.
 
-    python tests/bench/grpo_fixed_tasks.py CHECKPOINT_DIR [--tasks 16] [--steps 15] [overrides ...]
+    python research/grpo_fixed_tasks.py CHECKPOINT_DIR [--tasks 16] [--steps 15] [overrides ...]
 
 The run's tables go to runs/bench-fixed-<time>/ in the object store like any run's.
 """
@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def main():

@@ -7,8 +7,8 @@ advantages, trainer update, weight sync) on them, each task used by one step onl
 has never seen any of these tasks, so the training reward of step k is a held-out measurement
 of the policy after k-1 updates: if it rises, what GRPO learns transfers to new instances.
 
-    python tests/bench/grpo_fresh_tasks.py CHECKPOINT_DIR [--prompts 32] [--steps 40] [overrides ...]
-    python tests/bench/grpo_fresh_tasks.py CHECKPOINT_DIR --compare CKPT [--compare CKPT ...] [--heldout 128] [...]
+    python research/grpo_fresh_tasks.py CHECKPOINT_DIR [--prompts 32] [--steps 40] [overrides ...]
+    python research/grpo_fresh_tasks.py CHECKPOINT_DIR --compare CKPT [--compare CKPT ...] [--heldout 128] [...]
 
 --compare evaluates the base CHECKPOINT_DIR and each CKPT (pass@k at the validation sampling, as
 the evaluation flow does) on fresh tasks that a run with the same --prompts/--steps/--pool-seed
@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def fresh_tasks(ctx, n: int, seed: int) -> list[dict]:

@@ -1,7 +1,7 @@
 """How far GRPO moved the policy (a measurement script, not a test): the relative L2 change of all
 weights of each checkpoint of a run against a reference checkpoint, and the largest single change.
 
-    .venv/bin/python tests/bench/policy_drift.py BASE_DIR CKPT_DIR [CKPT_DIR ...]
+    .venv/bin/python research/policy_drift.py BASE_DIR CKPT_DIR [CKPT_DIR ...]
 
 Adam's first step moves every weight by about lr whatever its gradient, so a drift that grows like
 the square root of the step count is a random walk: the updates' directions do not agree.
