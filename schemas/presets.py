@@ -38,12 +38,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "mini": {
         "max_steps": 40,
-        # difficulty 0: one short module per task, issues that name the function and its file
-        # (measured: at 0.5 and ~1,000 SFT steps no validation task was solved). split "text": a
-        # validation task may be another instance (other names, constants, layout, issue) of a
-        # function + bug family trained on (under "instance", half of the validation samples
-        # edited the wrong line, tests/bench/eval_failures.py; with "text" 41%, and the base's
-        # pass@4 went from 0.06 on 64 tasks to 0.11 on all 251).
+        # One short module per task, issues that name the function; a validation task may be another
+        # instance of a trained function + bug family (docs/history.md: what the harder splits gave).
         "dataset": {"num_train": 700, "num_validation": 251, "difficulty": 0.0, "split": "text"},
         # The shipped base (models/mini-base/manifest.json), as MLPerf gives every submitter one
         # checkpoint; the architecture below and the `sft` section are the recipe `make base` built it with.
@@ -56,28 +52,17 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "training": {"temperature": 0.5, "max_tokens_per_turn": 256},
                   "validation": {"temperature": 0.1, "top_p": 0.95, "max_tokens_per_turn": 256}},
         "sandbox": {"test_timeout_s": 60, "concurrency": 2},
-        # Synchronous collection: on 2 cores vLLM and the trainer share the CPUs, so overlapping
-        # them saved only ~8% per step (median 86 vs 93.5 s) while the one-step-old trajectories
-        # fell outside the reference's seq-mask-tis band [0.999, 1.002] and were dropped: 12-27% of
-        # the sequences at lr 5e-5, 14-68% at 1e-4 (0% in sync mode). README: status.
-        # T=0.5 and zero-variance groups dropped: at T=1.0 the tiny policy's samples are mostly noise.
+        # Synchronous: on 2 cores overlapping saved ~8% a step and pushed one-step-old samples out of
+        # the seq-mask-tis band. T=0.5, zero-variance groups dropped: at T=1 the tiny policy's samples
+        # are mostly noise (docs/history.md).
         "grpo": {"prompts_per_step": 16, "generations_per_prompt": 8, "async_rollouts": False,
                  "filter_zero_variance_groups": True},
         "optimizer": {"lr": 5e-5, "grad_clip": 1.0, "micro_batch_tokens": 16384},
-        # Small batches learn fastest per second here (batch 32 was slower per minute; batch 4 the
-        # same as 8 per token). The pool of ~4,500 extra generated training-distribution tasks and
-        # the loss on the context (issue, file views) are what make the tiny model copy lines from
-        # the file instead of recalling training lines (README: status, measured by
-        # tests/bench/bench_warm_start.py). The learning rate falls to 0 along a cosine three
-        # times (960 steps each): on the "text" split one cycle gave pass@4 0.11 on the 251
-        # validation tasks, two 0.41, three 0.60 (measured as separate 960-step runs, each with a
-        # fresh optimizer); this one run of 2,880 steps, AdamW state carried, reached 0.506 (79 min
-        # here, make run 2026-11-30): 0.18 below the target. `minutes` only caps a slow machine.
-        # Then two more 960-step cycles, each with a fresh AdamW (0.742 on the 128-task subset), and
-        # the habit phase: 320 steps at 5e-4 on pool demonstrations half of which edit unread code
-        # (pass@4 0.554 on all 251; GRPO lifts it to 0.721 in 20 steps; README: status).
-        # Four fresh-AdamW 960-step cycles instead (3,840 steps, 126 min here) reached only 0.656 on
-        # the subset (pass@1 0.617; 2026-12-01, eval-c4-128), against this chain's 0.742: kept.
+        # make base's warm-start recipe (flows/prepare.py: warm_start_stages; why each part, in
+        # docs/history.md): 2,880 steps on the train and pool demonstrations with the loss on the
+        # context too, the lr falling to 0 along a cosine three times; two more 960-step cycles, each
+        # with a fresh AdamW; then the habit phase (320 steps at 5e-4 on pool demonstrations, half
+        # of which edit unread code). Steps only, no time budget: the same schedule on any machine.
         "sft": {"minutes": None, "max_steps": 2880, "batch_size": 8, "demonstrations_per_task": 2,
                 "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3,
                 "micro_batch_tokens": 1600, "restart_cycles": 2, "habit_steps": 320, "habit_lr": 5e-4,
