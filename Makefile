@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
-	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds base
+	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval base
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -81,6 +81,10 @@ bench-sft: venv
 # Time to train over seeds, one `make run` each, prepare shared (ARGS="--seeds 0,1,2 [-- key=value ...]").
 bench-seeds: setup
 	$(PY) tests/bench/seeds.py $(ARGS)
+
+# One checkpoint's evaluation by procedure, full vs early stop (ARGS="[--checkpoint DIR] [--repeats 3]").
+bench-eval: setup
+	$(PY) tests/bench/bench_eval.py $(ARGS)
 
 # The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT) with the train / evaluate / prepare / reproducibility
 # deployments served (no work pool needed); REPRO_BASELINE=<run id> schedules reproducibility reruns.
