@@ -33,7 +33,7 @@ from flows.offline_eval import checkpoint_commit, evaluated_rows, offline_evalua
 from flows.prepare import prepare_run_context
 from flows.runtime import RunContext, config_json, log
 from schemas.manifest import Attempt, RunManifest
-from schemas.presets import ConfigError, load_config
+from schemas.presets import ConfigError, format_overrides, load_config
 from tasks.evaluation import base_eval_id
 from tasks.mlperf import RunLog, deviations, read_log_times, rules_report
 
@@ -193,20 +193,9 @@ def start_evaluator(preset: str, overrides: dict | None, run_id: str, workdir: p
     out = open(workdir / "logs" / "offline-eval.log", "ab")
     # Its own managed vLLM server: external servers are the training's, busy with its rollouts.
     cmd = [sys.executable, "-m", "flows.offline_eval", "--preset", preset, "--run-id", run_id,
-           *override_args(overrides or {}), "inference.mode=managed"]
+           *format_overrides(overrides or {}), "inference.mode=managed"]
     log(f"offline evaluator started beside training (log {workdir / 'logs' / 'offline-eval.log'})")
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def override_args(overrides: dict, prefix: str = "") -> list[str]:
-    """{"a": {"b": 1}} -> ["a.b=1"]: the command-line form of flow overrides."""
-    out = []
-    for k, v in overrides.items():
-        if isinstance(v, dict):
-            out += override_args(v, f"{prefix}{k}.")
-        else:
-            out.append(f"{prefix}{k}={v if isinstance(v, str) else json.dumps(v)}")
-    return out
 
 
 def _api_url() -> str | None:

@@ -131,6 +131,17 @@ def parse_overrides(overrides: list[str] | dict | None) -> dict:
     return out
 
 
+def format_overrides(overrides: dict, prefix: str = "") -> list[str]:
+    """The inverse of parse_overrides: {"a": {"b": 1}} -> ["a.b=1"] (strings bare, the rest as JSON)."""
+    out = []
+    for k, v in overrides.items():
+        if isinstance(v, dict):
+            out += format_overrides(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={v if isinstance(v, str) else json.dumps(v)}")
+    return out
+
+
 def set_dotted(tree: dict, key: str, value: Any) -> None:
     """tree["a"]["b"] = value for key "a.b", creating the sections on the way."""
     *sections, name = key.split(".")
