@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
-	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval base
+	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
+	bench-import base
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -55,6 +56,9 @@ bench-sandbox: venv system
 
 bench-dataset: venv system
 	$(PY) tests/bench/bench_dataset.py
+
+bench-import: venv system
+	$(PY) tests/bench/bench_import.py
 
 bench-model: venv
 	$(PY) tests/bench/bench_model.py

@@ -71,9 +71,15 @@ def grading(ctx: RunContext, step: int, trajectories_key: str, stage: str = "rew
     ctx.store.write_table(key, table, stage=stage)
     rewards = [r for r in table["reward"].to_pylist() if r is not None]
     hacks = sum(1 for h in table["harness_changes"].to_pylist() if h)
+    statuses = table.select(["instance_id", "grading_status"]).to_pylist()
+    env = sum(1 for r in statuses if r["grading_status"] == "env_error")
+    # A task whose every rollout hit an environment error teaches nothing: name it.
+    lost = sorted({r["instance_id"] for r in statuses}
+                  - {r["instance_id"] for r in statuses if r["grading_status"] != "env_error"})
     log(f"step {step} {stage}: {len(rewards)} graded, mean reward {sum(rewards) / max(1, len(rewards)):.3f}, "
-        f"{table.num_rows - len(rewards)} infra errors"
-        + (f", {hacks} patches changed the test harness (removed before grading)" if hacks else ""))
+        f"{table.num_rows - len(rewards) - env} infra errors, {env} environment errors (masked)"
+        + (f", {hacks} patches changed the test harness (removed before grading)" if hacks else "")
+        + (f"; tasks whose tests never ran (every rollout an environment error): {', '.join(lost)}" if lost else ""))
     return key
 
 

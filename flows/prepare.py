@@ -43,9 +43,17 @@ def _digest(*parts) -> str:
 
 @task(name="sandbox-image", cache_policy=NONE)
 def sandbox_image(cfg: RunConfig) -> None:
-    """The mini benchmark's environments run in our own Debian rootfs; R2E tasks bring their images."""
+    """Environment archives (the mini benchmark's, imported tasks', R2E rows with environment_uri) run
+    in our own Debian rootfs; R2E rows without one bring their docker images."""
     if cfg.dataset.source != "mini":
-        return
+        from tasks.dataset.r2e import DatasetError, read_rows
+
+        try:
+            rows = read_rows(cfg.dataset.path, Store.from_config(cfg.storage)) if cfg.dataset.path else []
+        except DatasetError:  # the dataset task reports it
+            rows = []
+        if not any(r.get("environment_uri") for r in rows):
+            return
     from tasks.sandbox import image
 
     t0 = time.monotonic()

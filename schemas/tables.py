@@ -20,7 +20,9 @@ import pandera.pyarrow as ppa
 from pandera.errors import SchemaError, SchemaErrors
 
 FINISH_REASONS = ("submitted", "max_turns", "context_limit", "timeout", "infra_error")
-GRADING_STATUSES = ("graded", "infra_error")
+# env_error (added later; older tables hold the first two only): the task's environment cannot run
+# its tests (tasks/grading/grader.py). Like infra_error: reward null, masked downstream.
+GRADING_STATUSES = ("graded", "infra_error", "env_error")
 SPLITS = ("train", "validation")
 TEST_STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 
@@ -395,7 +397,7 @@ REWARDS = TableSchema(
         "run_id": (STR, False),
         "step": (I32, False),
         "instance_id": (STR, False),
-        # 0/1 when graded; null when grading_status is infra_error (downstream masks it).
+        # 0/1 when graded; null when grading_status is infra_error or env_error (downstream masks it).
         "reward": (F32, True),
         "grading_status": (STR, False),
         "error": (STR, True),

@@ -210,8 +210,13 @@ def eval_samples_table(trajectories: pa.Table, rewards: pa.Table) -> pa.Table:
         if r is None:
             raise ValueError(f"rollout {t['rollout_id']} has no reward row")
         infra = t["finish_reason"] == "infra_error" or r["grading_status"] == "infra_error"
-        rows.append(dict(t, reward=None if infra else r["reward"], masked=infra,
-                         mask_reason=("infra_error: " + (r["error"] or "rollout failed")) if infra else None))
+        env = not infra and r["grading_status"] == "env_error"  # the task's environment ran no test: never a 0
+        reason = None
+        if infra:
+            reason = "infra_error: " + (r["error"] or "rollout failed")
+        elif env:
+            reason = (r["error"] or "env_error").split("\n", 1)[0]  # its first line: the log tail stays in rewards
+        rows.append(dict(t, reward=None if infra or env else r["reward"], masked=infra or env, mask_reason=reason))
     return EVAL_SAMPLES.from_rows(rows)
 
 

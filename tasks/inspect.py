@@ -138,7 +138,9 @@ def step_stats(store: Store, run_id: str, step: int) -> dict:
         rw = store.read_stage(run_id, step, "rewards", columns=["reward", "grading_status", "harness_changes"]).to_pylist()
         graded = [r["reward"] for r in rw if r["reward"] is not None]
         out.update(mean_reward=round(sum(graded) / len(graded), 4) if graded else None,
-                   solved=int(sum(graded)), graded=len(graded), infra_errors=len(rw) - len(graded),
+                   solved=int(sum(graded)), graded=len(graded),
+                   env_errors=sum(1 for r in rw if r["grading_status"] == "env_error"),
+                   infra_errors=sum(1 for r in rw if r["grading_status"] == "infra_error"),
                    harness_patches=sum(1 for r in rw if r["harness_changes"]))
     if store.stage_committed(run_id, step, "trajectories"):
         tr = store.read_stage(run_id, step, "trajectories",

@@ -224,7 +224,8 @@ def rules_report(cfg, store, run_id: str) -> list[dict]:
              bool(stop) and stop[-1]["time_ms"] == want,
              f"checkpoint {result['passed_step']}: run_stop {stop[-1]['time_ms'] if stop else None}, update {want}")
 
-    dropped = truncated = truncated_unmasked = infra = infra_unmasked = 0
+    dropped = truncated = truncated_unmasked = infra = infra_unmasked = env = 0
+    env_by_task: dict[str, set] = {}
     for s in range(1, steps + 1):
         if not store.stage_committed(run_id, s, "advantages"):
             continue
@@ -239,16 +240,23 @@ def rules_report(cfg, store, run_id: str) -> list[dict]:
             elif reason in MASKED_FINISH_REASONS:
                 infra += 1
                 infra_unmasked += not masked.get(rid, False)
-        rew = store.read_stage(run_id, s, "rewards", columns=["rollout_id", "grading_status"])
-        for rid, st in zip(rew["rollout_id"].to_pylist(), rew["grading_status"].to_pylist()):
+        rew = store.read_stage(run_id, s, "rewards", columns=["rollout_id", "instance_id", "grading_status"])
+        for rid, iid, st in zip(rew["rollout_id"].to_pylist(), rew["instance_id"].to_pylist(),
+                                rew["grading_status"].to_pylist()):
+            env_by_task.setdefault(iid, set()).add(st == "env_error")
             if st != "graded":
                 infra += 1
+                env += st == "env_error"
                 infra_unmasked += not masked.get(rid, False)
+    # Tasks whose every grading in the run was an environment error: their tests never ran.
+    lost = sorted(iid for iid, seen in env_by_task.items() if seen == {True})
     rule("every eligible sequence trained (#597): no dynamic filtering of groups",
          not cfg.grpo.filter_zero_variance_groups and dropped == 0,
          f"{dropped} samples dropped by the zero-variance filter in {steps} steps")
     rule("truncated rollouts are masked, not zeroed", truncated_unmasked == 0,
          f"{truncated} rollouts cut by a timeout or the context limit, {truncated_unmasked} of them not masked")
     rule("infrastructure failures are never scored as the model's 0", infra_unmasked == 0,
-         f"{infra} rollouts or gradings failed for infrastructure reasons, {infra_unmasked} of them not masked")
+         f"{infra} rollouts or gradings failed for infrastructure reasons ({env} environment errors), "
+         f"{infra_unmasked} of them not masked"
+         + (f"; tasks whose tests never ran: {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}" if lost else ""))
     return out

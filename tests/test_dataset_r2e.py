@@ -164,3 +164,21 @@ def test_environment_uri_must_stay_in_the_dataset_store(rows, file_store):
     assert not report.issues and set(table["environment_uri"].to_pylist()) == {inside, "environments/b.tar.gz", None}
     _, report = r2e.to_tasks(ok, 2, 1)
     assert [i.column for i in report.issues] == ["environment_uri"] and "none given" in str(report.issues[0])
+
+
+def test_file_diffs_the_verifier_cannot_read_are_reported_per_row(rows):
+    good = [r for r in rows if r["repo_name"] in ("aiohttp", "tornado", "pillow", "datalad")][:4]
+    commit = json.loads(good[0]["parsed_commit_content"])
+    no_header = dict(commit, file_diffs=[{k: v for k, v in fd.items() if k != "header"} for fd in commit["file_diffs"]])
+    no_body = dict(commit, file_diffs=[{"header": fd["header"]} for fd in commit["file_diffs"]])
+    bad_hunks = dict(commit, file_diffs=[{"header": fd["header"], "hunks": [{"line_group": {}}]}
+                                         for fd in commit["file_diffs"]])
+    for broken, problem in ((no_header, "file_diffs[0] has no header.file.path"),
+                            (no_body, "neither old/new_file_content nor a 'hunks' list"),
+                            (bad_hunks, "cannot be rebuilt into the gold patch (KeyError")):
+        test_rows = [dict(good[0], parsed_commit_content=json.dumps(broken))] + good[1:]
+        table, report = r2e.to_tasks(test_rows, 2, 1)
+        iid = r2e.instance_id_for(good[0])
+        assert [(i.instance, i.column) for i in report.issues] == [(iid, "parsed_commit_content")]
+        assert problem in str(report.issues[0]), str(report.issues[0])
+        assert iid not in table["instance_id"].to_pylist()

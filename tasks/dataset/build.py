@@ -86,7 +86,8 @@ def build_dataset(cfg, store, sandbox_cfg=None, verify: bool = True, progress=No
     if cfg.source == "r2e":
         from tasks.dataset.r2e import load_r2e_dataset
 
-        return load_r2e_dataset(cfg, store)
+        # Rows with environment archives are verified like imported tasks; failing ones are left out.
+        return load_r2e_dataset(cfg, store, sandbox_cfg=sandbox_cfg if verify else None, progress=progress)
     return build_mini_benchmark(cfg, store, sandbox_cfg, verify=verify, progress=progress)
 
 
@@ -177,48 +178,88 @@ def _precheck(row: dict) -> tuple[str | None, str | None]:
         return None, f"expected_output_json is not valid JSON ({e})"
     try:
         patch = mini.gold_patch(row)
-    except (ValueError, KeyError, TypeError) as e:
+    except KeyError as e:  # a file diff without what the patch is rebuilt from
+        return None, f"task {iid!r}: parsed_commit_content: a file diff lacks {e} (cannot rebuild the gold patch)"
+    except (ValueError, TypeError) as e:
         return None, str(e)
     if not patch.strip():
         return None, f"task {iid!r}: the gold patch is empty"
     return patch, None
 
 
-def verify_tasks(rows: list[dict], store, sandbox_cfg, progress=None) -> None:
-    """Grade the gold patch (must score 1) and the empty patch (must score 0) of every row in a sandbox.
+LOG_TAIL_CHARS = 2000
 
-    Uses tasks.grading's pool (`grade_rollouts`, `sandbox_cfg.concurrency` sandboxes at once),
-    so a task is verified exactly as a rollout is graded. Raises DatasetVerificationError
-    naming every failing instance and why. progress(what, total), when given, makes a counter
-    that is called once per grading.
+
+def check_tasks(rows: list[dict], store, sandbox_cfg, progress=None, gold_runs: int = 1,
+                cache: bool = False) -> dict[str, str]:
+    """instance id -> why, for every row whose gold patch does not score 1 in each of `gold_runs`
+    gradings or whose empty patch does not score 0, with the failing run's test log tail.
+
+    Graded by tasks.grading's pool (`grade_rollouts`, `sandbox_cfg.concurrency` sandboxes at
+    once), exactly as a rollout is. cache: rows this store has verified before on the same image
+    and backend are skipped and passing rows are recorded (`datasets/verified/<key>.json`; the key
+    hashes the row, its archive, the image and the backend). progress(what, total) makes a counter
+    called per grading.
     """
-    from tasks.grading import grade_rollouts  # the sandbox engineer's module; needs the sandbox image
+    from tasks.grading import grade_patch, grade_rollouts  # the sandbox engineer's module; needs the sandbox image
 
     failures: dict[str, str] = {}
-    gold_items, empty_items = [], []
+    items, patches, markers = [], {}, {}
     for row in rows:
+        iid = row["instance_id"]
         patch, why = _precheck(row)
         if why:
-            failures[row["instance_id"]] = why
+            failures[iid] = why
             continue
-        gold_items.append((f"verify-gold/{row['instance_id']}", "dataset-verify", 0, row, patch))
-        empty_items.append((f"verify-empty/{row['instance_id']}", "dataset-verify", 0, row, ""))
-    for items, want in ((gold_items, 1.0), (empty_items, 0.0)):
-        if not items:
-            continue
-        what = f"dataset: verifying {'gold' if want else 'empty'} patches"
-        counter = progress(what, len(items)) if progress else None
-        for r in grade_rollouts(items, sandbox_cfg, store, on_graded=counter).to_pylist():
-            if r["grading_status"] == "graded" and r["reward"] == want:
+        if cache:
+            markers[iid] = f"datasets/verified/{_verification_key(row, store, sandbox_cfg)}.json"
+            if store.exists(markers[iid]):
                 continue
-            kind = "gold" if want == 1.0 else "empty"
-            if r["grading_status"] != "graded":
+        patches[iid] = patch
+        items += [(f"verify-gold{k}/{iid}", "dataset-verify", 0, row, patch) for k in range(gold_runs)]
+        items.append((f"verify-empty/{iid}", "dataset-verify", 0, row, ""))
+    if items:
+        counter = progress("dataset: verifying gold patches and empty patches", len(items)) if progress else None
+        by_iid = {row["instance_id"]: row for row in rows}
+        # dedupe off: the gold patch runs gold_runs times (flaky tests fail one of them)
+        for r in grade_rollouts(items, sandbox_cfg, store, dedupe=False, on_graded=counter).to_pylist():
+            kind, want = ("empty", 0.0) if r["rollout_id"].startswith("verify-empty/") else ("gold", 1.0)
+            if r["grading_status"] == "graded" and r["reward"] == want or r["instance_id"] in failures:
+                continue
+            row, run = by_iid[r["instance_id"]], r["rollout_id"].split("/", 1)[0].removeprefix("verify-")
+            if r["grading_status"] != "graded":  # an env_error's error holds its test log tail
                 why = f"{kind} patch could not be graded: {r['error']}"
             elif not r["patch_applied"]:
                 why = f"{kind} patch does not apply: {r['error']}"
             else:
-                why = f"{kind} patch scored {r['reward']} (test statuses {r['test_statuses']})"
-            failures.setdefault(r["instance_id"], why)
+                again = grade_patch(row, patches[r["instance_id"]] if kind == "gold" else "", sandbox_cfg, store)
+                why = (f"{kind} patch scored {r['reward']} ({run}; test statuses {r['test_statuses']}); "
+                       f"test log tail:\n{again.test_output[-LOG_TAIL_CHARS:]}")
+            failures[r["instance_id"]] = why
+    for iid, key in markers.items():
+        if iid in patches and iid not in failures:
+            store.put_json(key, {"instance_id": iid, "gold_runs": gold_runs, "image": sandbox_cfg.image,
+                                 "checks": ["gold patch -> reward 1", "empty patch -> reward 0"]})
+    return failures
+
+
+def _verification_key(row: dict, store, sandbox_cfg) -> str:
+    from tasks.sandbox import image
+
+    h = hashlib.sha256()
+    for col in ("instance_id", "parsed_commit_content", "expected_output_json", "docker_image"):
+        h.update(str(row.get(col)).encode() + b"\0")
+    if row.get("environment_uri"):
+        with open(store.local_path(row["environment_uri"]), "rb") as f:
+            h.update(hashlib.file_digest(f, "sha256").digest())
+    h.update(f"{sandbox_cfg.image}\0{image.content_key()}\0{sandbox_cfg.backend}".encode())
+    return h.hexdigest()[:32]
+
+
+def verify_tasks(rows: list[dict], store, sandbox_cfg, progress=None) -> None:
+    """Grade the gold patch (must score 1) and the empty patch (must score 0) of every row in a
+    sandbox (`check_tasks`). Raises DatasetVerificationError naming every failing instance and why."""
+    failures = check_tasks(rows, store, sandbox_cfg, progress)
     if failures:
         raise DatasetVerificationError(failures, len(rows))
 

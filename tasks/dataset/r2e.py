@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.tables import SPLITS, TASKS, TEST_STATUSES
+from tasks.dataset.mini import gold_patch
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,18 @@ def _check_row(row: dict, label: str, store=None) -> tuple[dict | None, list[Row
         obj = _json_object(v, "R2E-Gym ParsedCommit")
         if not isinstance(obj.get("file_diffs"), list):
             raise ValueError("ParsedCommit has no 'file_diffs' list")
+        # What the gold patch is rebuilt from (tasks/dataset/mini.py: gold_patch), entry by entry.
+        for i, fd in enumerate(obj["file_diffs"]):
+            path = (((fd.get("header") if isinstance(fd, dict) else None) or {}).get("file") or {}).get("path")
+            if not isinstance(path, str) or not path:
+                raise ValueError(f"file_diffs[{i}] has no header.file.path (the file the diff changes; the "
+                                 "gold patch is rebuilt from it)")
+            if not ("old_file_content" in fd and "new_file_content" in fd) and not isinstance(fd.get("hunks"), list):
+                raise ValueError(f"file_diffs[{i}] ({path}) has neither old/new_file_content nor a 'hunks' list")
+        try:
+            gold_patch({"instance_id": label, "parsed_commit_content": obj})
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"ParsedCommit cannot be rebuilt into the gold patch ({type(e).__name__}: {e})") from None
         return v if isinstance(v, str) else json.dumps(v)
 
     def expected_output(v):
@@ -289,27 +302,53 @@ def to_tasks(rows: list[dict], num_train: int, num_validation: int, seed: int = 
 
 
 # ----------------------------------------------------------------------------- the store
-def dataset_id(cfg, content_sha256: str) -> str:
-    spec = json.dumps({"source": "r2e", "content": content_sha256, "seed": cfg.seed,
-                       "num_train": cfg.num_train, "num_validation": cfg.num_validation}, sort_keys=True)
-    return "r2e-" + hashlib.sha256(spec.encode()).hexdigest()[:12]
+def dataset_id(cfg, content_sha256: str, verified: bool = False) -> str:
+    spec = {"source": "r2e", "content": content_sha256, "seed": cfg.seed,
+            "num_train": cfg.num_train, "num_validation": cfg.num_validation}
+    if verified:  # rows with archives, verified in sandboxes: another table than the unverified one
+        spec["verified"] = True
+    return "r2e-" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def load_r2e_dataset(cfg, store, strict: bool = False) -> str:
+def load_r2e_dataset(cfg, store, strict: bool = False, sandbox_cfg=None, progress=None) -> str:
     """Read cfg.path, write `datasets/<id>/tasks.parquet` (+ load_report.json); returns the table's key.
 
     Cached by content: the same file and config return the committed table at once.
     strict=True refuses a file with any malformed row instead of leaving it out.
+    sandbox_cfg: verify the selected rows that have an environment archive in sandboxes (gold
+    patch 1 twice, empty patch 0; tasks/dataset/build.py: check_tasks); a failing row is reported
+    (column "verification", with its test log tail) and left out, and the next row in the seeded
+    order takes its place. Rows that run in their docker_image are not verified here.
     """
     if not cfg.path:
         raise DatasetError("dataset.source is 'r2e' but dataset.path is not set (a Parquet or JSON Lines file)")
     data = _read_bytes(cfg.path, store)
-    did = dataset_id(cfg, hashlib.sha256(data).hexdigest())
+    rows = read_rows(cfg.path, store, data)
+    verify = sandbox_cfg is not None and any(r.get("environment_uri") for r in rows)
+    did = dataset_id(cfg, hashlib.sha256(data).hexdigest(), verified=verify)
     key = f"datasets/{did}/tasks.parquet"
     if store.is_committed(key):
         return key
-    table, report = to_tasks(read_rows(cfg.path, store, data), cfg.num_train, cfg.num_validation, cfg.seed,
-                             source=os.path.basename(cfg.path) or cfg.path, store=store)
+    source = os.path.basename(cfg.path) or cfg.path
+    failed: list[RowIssue] = []
+    while True:
+        keep = [r for r in rows if instance_id_for(r) not in {i.instance for i in failed}]
+        try:
+            table, report = to_tasks(keep, cfg.num_train, cfg.num_validation, cfg.seed, source=source, store=store)
+        except DatasetError as e:
+            if failed:  # say which rows verification took out
+                raise DatasetError(f"{e}\nleft out by verification:\n" + "\n".join(f"  - {i}" for i in failed)) from None
+            raise
+        report.total, report.issues = len(rows), report.issues + failed
+        if not verify:
+            break
+        from tasks.dataset.build import check_tasks
+
+        archived = [r for r in table.to_pylist() if r.get("environment_uri")]
+        bad = check_tasks(archived, store, sandbox_cfg, progress, gold_runs=2, cache=True)
+        if not bad:
+            break
+        failed += [RowIssue(iid, "verification", why) for iid, why in sorted(bad.items())]
     if strict and report.issues:
         raise DatasetError(report.summary())
     log.info(report.summary())

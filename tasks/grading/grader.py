@@ -14,6 +14,8 @@ patch may not add, change, delete or rename:
   ([tool.pytest.ini_options], [tool.pytest]);
 - what Python loads at start-up: sitecustomize.py, usercustomize.py, *.pth, bytecode
   (__pycache__/, *.pyc);
+- package metadata (*.dist-info/, *.egg-info/): in a task with plugin autoload on (its own
+  virtualenv, tasks/sandbox/__init__.py) pytest loads the entry points it finds on sys.path;
 - nor add a module or package, at the repo root or in src/, named like one of the standard
   library or pytest's own (pytest, _pytest, pluggy, py, iniconfig): it would shadow it.
 Such file changes are removed before the tests run and the rest of the patch is graded;
@@ -27,6 +29,19 @@ Outcomes:
   reason in `error`).
 - infra_error, reward null: the sandbox could not start, the engine failed, a set-up step
   timed out or was killed; retried `cfg.infra_retries` times first. Never a 0.
+- env_error, reward null: the task's environment cannot run its hidden tests, so no reward
+  says anything about the patch. A status of its own, not infra_error: it is a property of the
+  task, not a passing failure, so it is never retried, and verification reports the task.
+  R2E-Gym scores such a run 0 (its parser finds no results: `_calculate_reward_r2e` compares
+  {} with the expectation); here a run that did not time out and whose log parses to no test
+  result, or to a collection error ("" key) the expectation lacks, is checked against the
+  task's pristine state: the empty patch graded once per process and task. If the tests do not
+  run there either (a pytest usage error such as an unknown `--cov` option, a hidden conftest
+  that cannot import, zero tests collected) the grading is env_error, with the reason and the
+  test log's tail in `error`; if they do, the patch broke them and R2E-Gym's 0 stands. So every
+  run in which the tests did run keeps R2E-Gym's exact reward. An unusable archive
+  (EnvironmentSpecError) is env_error as well. Downstream it is masked like an infra error
+  (tasks/grpo/advantages.py, tasks/evaluation.py) and counted in the step's grading log.
 """
 
 from __future__ import annotations
@@ -60,12 +75,13 @@ PYTEST_SECTIONS = {"setup.cfg": ("ini", ("tool:pytest",)),
 PATCH_REJECTED = 97
 MARK = "\x1e@@rlvr-status@@\x1e"  # between git's messages and the status listings
 MAX_ERROR_CHARS = 4000
+ENV_LOG_TAIL_CHARS = 2000  # of an env_error's test log, kept in `error`
 
 
 @dataclass
 class GradeResult:
     reward: float | None
-    grading_status: str  # "graded" | "infra_error"
+    grading_status: str  # "graded" | "infra_error" | "env_error"
     error: str | None = None
     patch_applied: bool = False
     test_statuses: dict[str, str] = field(default_factory=dict)
@@ -75,6 +91,7 @@ class GradeResult:
     total_seconds: float = 0.0
     test_output: str = ""  # the cleaned test log (capped); not part of the table
     harness_changes: list[str] = field(default_factory=list)  # "path: why" for each change removed
+    env_reason: str = ""  # env_error: why the tests did not run (not part of the table)
 
     def row(self, rollout_id: str, run_id: str, step: int, instance_id: str) -> dict:
         return {"rollout_id": rollout_id, "run_id": run_id, "step": int(step), "instance_id": instance_id,
@@ -100,6 +117,8 @@ def harness_reason(path: str, added: bool = False) -> str | None:
         return "what Python loads at start-up (" + name + ")"
     if "__pycache__" in parts or name.endswith((".pyc", ".pyo")):
         return "bytecode"
+    if any(p.endswith((".dist-info", ".egg-info")) for p in parts):  # entry points pytest autoloads from sys.path
+        return "package metadata (entry points of plugins)"
     if added:
         top = parts[1:] if parts[0] == "src" and len(parts) > 1 else parts
         module = top[0] if len(top) > 1 or is_dir else (top[0][:-3] if top[0].endswith(".py") else None)
@@ -197,10 +216,51 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
         log = clean_test_output(r.output, r.timed_out, cfg.test_timeout_s)
         res.test_output = log
         res.test_statuses = parse_log_pytest(log)
+        why = None if r.timed_out else tests_did_not_run(res.test_statuses, task_row["expected_output_json"])
+        broken = why and (f"{why}, without a patch" if not patch.strip() else _pristine_failure(task_row, cfg, store))
+        if broken:
+            res.grading_status, res.env_reason = "env_error", broken
+            tail = log[-ENV_LOG_TAIL_CHARS:]
+            res.error = (f"env_error: the hidden tests do not run in this environment ({broken}; "
+                         f"test command exit {r.exit_code}); test log tail:\n{tail}")
+            return
         res.reward = r2e_reward(res.test_statuses, task_row["expected_output_json"])
         res.grading_status = "graded"
         if r.timed_out:
             res.error = f"tests timed out after {cfg.test_timeout_s:g}s"
+
+
+def tests_did_not_run(statuses: dict[str, str], expected: dict | str) -> str | None:
+    """Why a finished test run's parsed statuses show that the tests did not run, or None."""
+    if isinstance(expected, str):
+        expected = json.loads(expected)
+    if not statuses:
+        return "no test result in the log"
+    if "" in statuses and "" not in expected:  # a line without "::": a file that was not collected
+        return "a test file could not be collected"
+    return None
+
+
+# (instance, environment, image, backend) -> why the pristine state's tests do not run, or None.
+_PRISTINE: dict[tuple, str | None] = {}
+_PRISTINE_LOCK = threading.Lock()
+
+
+def _pristine_failure(task_row: dict, cfg, store) -> str | None:
+    """Whether the task's tests run without any patch (graded once per process): tells a broken
+    environment (env_error) from a patch that broke the tests (R2E-Gym's 0)."""
+    key = (task_row.get("instance_id"), task_row.get("environment_uri") or task_row.get("docker_image"),
+           cfg.image, cfg.backend)
+    with _PRISTINE_LOCK:
+        if key in _PRISTINE:
+            return _PRISTINE[key]
+    res = grade_patch(task_row, "", cfg, store)
+    if res.grading_status == "infra_error":  # undecided: retry the whole grading as an infra failure
+        raise SandboxInfraError(f"pristine check of the environment failed: {res.error}")
+    why = (res.env_reason or res.error) if res.grading_status == "env_error" else None
+    with _PRISTINE_LOCK:
+        _PRISTINE[key] = why
+    return why
 
 
 def _pytest_config_changes(sb, changed: dict[str, str], cfg) -> list[tuple[str, str, str]]:
@@ -219,7 +279,8 @@ def _pytest_config_changes(sb, changed: dict[str, str], cfg) -> list[tuple[str, 
 
 def grade_patch(task_row: dict, patch: str, cfg, store, cancel: threading.Event | None = None) -> GradeResult:
     """Grade one patch against its task's hidden tests. Never raises for infra failures: those
-    come back as grading_status="infra_error" with reward None after the retries."""
+    come back as grading_status="infra_error" with reward None after the retries; a task whose
+    environment cannot run its tests comes back as "env_error" (reward None, not retried)."""
     t0 = time.monotonic()
     res = GradeResult(reward=None, grading_status="infra_error")
     attempts = 1 + max(0, cfg.infra_retries)
@@ -236,7 +297,7 @@ def grade_patch(task_row: dict, patch: str, cfg, store, cancel: threading.Event 
             res.error = f"patch_apply_failed: {str(e)[:MAX_ERROR_CHARS]}"
             break
         except EnvironmentSpecError as e:  # the task row itself is unusable: retrying cannot help
-            res.error = f"infra_error: bad environment: {e}"
+            res.grading_status, res.error = "env_error", f"env_error: bad environment: {str(e)[:MAX_ERROR_CHARS]}"
             break
         except Exception as e:  # engine errors, set-up failures, our own bugs: never a 0
             res.reward, res.grading_status, res.patch_applied = None, "infra_error", False

@@ -38,6 +38,7 @@ MASKED_FINISH_REASONS: dict[str, str] = {
     "context_limit": "context_limit",
 }
 MASK_GRADING_INFRA_ERROR = "grading_infra_error"
+MASK_GRADING_ENV_ERROR = "grading_env_error"  # the task's environment could not run its tests
 MASK_ZERO_VARIANCE = "zero_variance_group"
 STD_EPS = 1e-6
 
@@ -131,7 +132,7 @@ def check_one_to_one(left_ids: Sequence[str], right_ids: Sequence[str], left: st
 def compute_advantages(trajectories: pa.Table, rewards: pa.Table, cfg: GRPOConfig) -> pa.Table:
     """ADVANTAGES table, one row per trajectory (same order).
 
-    Masked samples (finish reason in MASKED_FINISH_REASONS, grading infra error) are left
+    Masked samples (finish reason in MASKED_FINISH_REASONS, grading infra or env error) are left
     out of their group's statistics and get advantage 0. Zero-variance groups (all valid
     rewards equal) get advantage 0; with cfg.filter_zero_variance_groups they are also
     masked. `summarize_advantages` counts both.
@@ -151,6 +152,8 @@ def compute_advantages(trajectories: pa.Table, rewards: pa.Table, cfg: GRPOConfi
         values.append(r["reward"])
         if t["finish_reason"] in MASKED_FINISH_REASONS:
             reasons.append(MASKED_FINISH_REASONS[t["finish_reason"]])
+        elif r["grading_status"] == "env_error":
+            reasons.append(MASK_GRADING_ENV_ERROR)
         elif r["grading_status"] != "graded" or r["reward"] is None:
             reasons.append(MASK_GRADING_INFRA_ERROR)
         else:

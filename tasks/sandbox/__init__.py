@@ -25,8 +25,9 @@ Modes: "agent" = /testbed only; the hidden tests and run_tests.sh are nowhere in
 sandbox. "grading" = also /root/r2e_tests and /root/run_tests.sh (read-only for uid 1000),
 where R2E-Gym keeps them; tasks/grading links /testbed/r2e_tests to them after the patch.
 
-Commands run in /testbed as `/bin/sh -c CMD` with `PYTEST_DISABLE_PLUGIN_AUTOLOAD=1` (local
-environments; real R2E-Gym images keep autoload, they may need their plugins). Output is
+Commands run in /testbed as `/bin/sh -c CMD` with `PYTEST_DISABLE_PLUGIN_AUTOLOAD=1` where we
+control the tests (archives whose .venv is only the interpreter link: the mini benchmark); archives
+that bring their own virtualenv and real R2E-Gym images keep autoload on (their plugins). Output is
 stdout and stderr together (bwrap: one pipe, in order; docker: two streams, so their
 relative order can differ), capped at `output_cap_bytes` keeping head and tail. `timed_out`
 means our deadline killed the command and everything it started (exit_code is then None).
@@ -40,21 +41,60 @@ Closing kills every process and removes the container / cgroups / temp dirs, als
 Ctrl-C and exceptions (context manager + atexit); `reap_stale()` (or `python -m
 tasks.sandbox reap`) removes what a SIGKILLed process left.
 
-Environment archive (`environment_uri` in the tasks table; an object-store URI of a
-.tar.gz, built by `build_environment_archive`, produced in this format by tasks/dataset):
+Environment archive (`environment_uri` in the tasks table; an object-store URI of a .tar.gz,
+built by `build_environment_archive` (in-memory files) or `environment.build_archive_from_dir` (a
+directory: file modes, symlinks and empty directories kept; its own .git and .venv left out):
 
     testbed/                 the repo, a git repository whose single commit is the buggy state
     testbed/.git/info/exclude   lists .venv, __pycache__/, *.pyc, .pytest_cache/ (clean `git status`)
-    testbed/.venv/bin/python symlink to /usr/bin/python3 (the image's python; not committed), so
-                             R2E-Gym's run_tests.sh works as is
+    testbed/.venv/           either only bin/python, a symlink to /usr/bin/python3 (the image's python;
+                             the mini benchmark), or a real virtualenv for /testbed/.venv made with
+                             the image's python (pyvenv.cfg, system site packages on, the task's own
+                             packages in lib/python3.11/site-packages): the task brings its own
+                             environment and its tests run with plugin autoload on. Never committed.
     r2e_tests/               the hidden tests (test_*.py, conftest.py, data files ...)
     run_tests.sh             run in /testbed; by default
                              "#!/bin/bash\\n.venv/bin/python -W ignore -m pytest -rA r2e_tests\\n"
 
-Members are regular files, directories and symlinks only, with relative paths. The repo
-must not contain r2e_tests/ or run_tests.sh itself (grading removes them from /testbed).
-Rows without environment_uri are real R2E-Gym rows: `docker_image` (namanjain12/...) holds
-/testbed, /testbed/run_tests.sh and /r2e_tests; only the docker backend runs those.
+Members are regular files, directories and symlinks only, with relative paths; a symlink stays
+inside its top directory, except the venv's interpreter links (testbed/.venv/bin/python* ->
+/usr/bin/python3*). The repo must not contain r2e_tests/ or run_tests.sh itself (grading removes
+them from /testbed). Rows without environment_uri are real R2E-Gym rows: `docker_image`
+(namanjain12/...) holds /testbed, /testbed/run_tests.sh and /r2e_tests; only the docker backend
+runs those.
+
+Importing a user's own repositories (`python -m tasks.dataset.importer DIR --store ROOT
+[--backend bwrap|docker] [--offline] [--num-validation N]`; DIR a local directory or an
+object-store prefix, one directory per task):
+
+    <name>/repo/            the repo snapshot in its buggy state (its own .git and .venv are left out)
+    <name>/r2e_tests/       the hidden tests
+    <name>/gold.patch       the fix, a unified diff against repo/ (`git diff` output; text files), or
+                            parsed_commit_content in task.json (R2E-Gym's ParsedCommit)
+    <name>/run_tests.sh     optional (default above)
+    <name>/task.json        an R2E-Gym-style row: problem_statement (required), expected_output_json
+                            (optional: else the statuses of a first gold-patch run, which verification
+                            then checks), repo_name (default <name>), commit_hash (default: the
+                            archive's commit), modified_files (default: the gold patch's), and for a
+                            task that brings its own environment:
+                              "requirements": pip requirements of its tests ("pytest-cov==5.0",
+                                 "./myplugin", "-r repo/requirements-test.txt"; paths relative to
+                                 <name>/), resolved to wheels here on the host (`pip wheel`: PyPI or
+                                 PIP_FIND_LINKS; --offline: no index, local packages built with this
+                                 environment's setuptools) and installed by the image's python in a
+                                 sandbox (no network there) into the task's virtualenv
+                              "pythonpath": repo directories that virtualenv puts on sys.path ("src":
+                                 what an editable install of a src layout amounts to)
+
+Each task is built into an archive (environments/import/<sha>.tar.gz), checked as the loader checks
+a row, and verified in sandboxes: gold patch 1 twice, empty patch 0 (tasks/dataset/build.py:
+check_tasks; a pass is recorded per row, archive, image and backend, so it is not redone). A task
+that fails any step is printed by name with the reason and its test log tail, and left out. The
+verified rows go to datasets/import-<id>/rows.jsonl (train on them: `dataset.source=r2e
+dataset.path=<that URI>`; `prepare` builds the sandbox image and verifies archive rows the same
+way), with a tasks table and import_report.json next to it. Extra Debian packages are not a task
+option: Python dependencies go in the virtualenv; a task that needs more needs its own image
+(`docker_image`, docker backend).
 
 The base image and rootfs: tasks/sandbox/image.py (`python -m tasks.sandbox.image build`).
 """

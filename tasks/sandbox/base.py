@@ -6,6 +6,7 @@ import atexit
 import ctypes
 import errno
 import os
+import pathlib
 import posixpath
 import re
 import shutil
@@ -145,6 +146,10 @@ class BaseSandbox:
         raise NotImplementedError
 
     def _close(self) -> None:
+        raise NotImplementedError
+
+    def host_testbed(self) -> pathlib.Path:
+        """Where this sandbox's /testbed lies on the host (archive tasks): what a build in it made."""
         raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------------

@@ -203,8 +203,9 @@ class BwrapSandbox(BaseSandbox):
             # Hidden tests and run_tests.sh, read-only, where R2E-Gym keeps them.
             a += ["--ro-bind", str(self.env.hidden), "/root"]
         a += ["--chdir", workdir, "--clearenv"]
-        base = {"PATH": LOCAL_PATH, "HOME": "/tmp", "USER": "sandbox", "LANG": "C.UTF-8",
-                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        base = {"PATH": LOCAL_PATH, "HOME": "/tmp", "USER": "sandbox", "LANG": "C.UTF-8"}
+        if not self.env.plugins:  # our own tests need no plugin; a task's own virtualenv may
+            base["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         for k, v in {**base, **(env or {})}.items():
             a += ["--setenv", k, v]
         return a
@@ -306,6 +307,9 @@ class BwrapSandbox(BaseSandbox):
                            check_path(dest)], 120, 64 * 1024, stdin=data)
         if r.exit_code != 0:
             raise SandboxError(f"cannot copy {src} to {dest}: {r.output.strip()}")
+
+    def host_testbed(self) -> pathlib.Path:
+        return self.work / "testbed"
 
     # -- clean-up -----------------------------------------------------------------------
     def _close(self) -> None:

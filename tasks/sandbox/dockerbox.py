@@ -164,9 +164,11 @@ class DockerSandbox(BaseSandbox):
         self.local = env.kind == "archive"
         self.user = f"{SANDBOX_UID}:{SANDBOX_UID}" if self.local else "0:0"
         if self.local:
-            # Plugin autoload off: nothing to load in the base image, and it costs ~1 s per run.
-            self.env_vars = {"PATH": LOCAL_PATH, "HOME": "/tmp", "USER": "sandbox", "LANG": "C.UTF-8",
-                             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+            # Plugin autoload off: nothing to load in the base image, and it costs ~1 s per run;
+            # on for a task that brings its own virtualenv (its plugins, e.g. pytest-cov).
+            self.env_vars = {"PATH": LOCAL_PATH, "HOME": "/tmp", "USER": "sandbox", "LANG": "C.UTF-8"}
+            if not env.plugins:
+                self.env_vars["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         else:
             # Real R2E-Gym images may rely on pytest plugins (e.g. asyncio): leave autoload on.
             self.env_vars = {"PATH": R2E_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
@@ -421,6 +423,11 @@ class DockerSandbox(BaseSandbox):
                            check_path(dest)], 120, 64 * 1024, stdin=buf.getvalue())
         if r.exit_code != 0:
             raise SandboxError(f"cannot copy {src} to {dest}: {r.output.strip()}")
+
+    def host_testbed(self) -> pathlib.Path:
+        if not self.local:
+            raise SandboxError("an R2E-Gym image's /testbed lives in its container, not on the host")
+        return _host_dir(self.container.name) / "testbed"
 
     # -- clean-up -----------------------------------------------------------------------
     def _account_cpu(self, c) -> None:

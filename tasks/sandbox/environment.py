@@ -35,6 +35,7 @@ class Environment:
     key: str  # content key (archive sha256) or image name
     image: str | None = None  # docker image to start (archive: the base image)
     root: pathlib.Path | None = None  # archive: extracted dir with testbed/ and hidden/
+    plugins: bool = False  # pytest plugin autoload on: the archive brings its own virtualenv
     _tars: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -89,7 +90,7 @@ def resolve(task_row: dict, store, base_image: str = "rlvr-sandbox:bookworm") ->
                                     "nor docker_image")
         return Environment(kind="image", key=img, image=img)
     with _ENVS_LOCK:
-        env = _ENVS.get(uri)
+        env = _ENVS.get((uri, base_image))  # the image too: another sandbox.image is another environment
     if env is not None and env.root.exists():
         return env
     if store is None:
@@ -97,8 +98,9 @@ def resolve(task_row: dict, store, base_image: str = "rlvr-sandbox:bookworm") ->
     path = store.local_path(uri)
     env = Environment(kind="archive", key=_sha256(path), image=base_image)
     env.root = _extract(path, env.key)
+    env.plugins = (env.testbed / ".venv" / "pyvenv.cfg").is_file()
     with _ENVS_LOCK:
-        _ENVS[uri] = env
+        _ENVS[(uri, base_image)] = env
     return env
 
 
@@ -240,25 +242,68 @@ def build_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],
     files: repo-relative path -> content (the buggy state, committed once);
     tests: path relative to r2e_tests/ -> content (the hidden tests).
     """
+    with tempfile.TemporaryDirectory(prefix="rlvr-envfiles-") as d:
+        for rel, content in files.items():
+            _write(pathlib.Path(d) / "repo" / rel, content)
+        for rel, content in tests.items():
+            _write(pathlib.Path(d) / "tests" / rel, content)
+        return build_archive_from_dir(pathlib.Path(d) / "repo", pathlib.Path(d) / "tests", run_tests,
+                                      python=python, message=message)[0]
+
+
+# Never copied from a repo snapshot: its own history and virtualenv (the environment has one commit
+# and its own .venv) and caches.
+_SKIP_TOP = (".git", ".venv")
+_SKIP_ANY = ("__pycache__", ".pytest_cache")
+
+
+def build_archive_from_dir(repo: str | os.PathLike, tests: str | os.PathLike, run_tests: str = RUN_TESTS_SH,
+                           venv: str | os.PathLike | None = None, python: str = "/usr/bin/python3",
+                           message: str = "buggy state") -> tuple[bytes, str]:
+    """(.tar.gz archive, HEAD commit sha) from a repo snapshot directory and a hidden-tests directory.
+
+    File modes, symlinks and empty directories are kept. The snapshot's own .git and .venv are
+    left out (a .venv made on another machine names that machine's interpreter). venv: a virtualenv
+    built for /testbed/.venv with the image's Python (tasks/dataset/importer.py) to ship as
+    testbed/.venv; None ships the link .venv/bin/python -> `python`.
+    """
+    repo, tests = pathlib.Path(repo), pathlib.Path(tests)
+    for name in ("r2e_tests", "run_tests.sh"):
+        if (repo / name).exists() or (repo / name).is_symlink():
+            raise EnvironmentError_(f"{repo}: the repo must not contain {name} (the hidden tests and their runner "
+                                    "come with the environment)")
+
+    def skip(d: str, names: list[str]) -> list[str]:
+        top = os.path.samefile(d, repo)
+        return [n for n in names if n in _SKIP_ANY or n.endswith(".pyc") or (top and n in _SKIP_TOP)]
+
     with tempfile.TemporaryDirectory(prefix="rlvr-envbuild-") as d:
         root = pathlib.Path(d)
         tb = root / "testbed"
-        for rel, content in files.items():
-            _write(tb / rel, content)
+        if repo.is_dir():
+            shutil.copytree(repo, tb, symlinks=True, ignore=skip)
         tb.mkdir(exist_ok=True)
         git_env = dict(os.environ, GIT_AUTHOR_NAME="rlvr", GIT_AUTHOR_EMAIL="rlvr@localhost",
                        GIT_COMMITTER_NAME="rlvr", GIT_COMMITTER_EMAIL="rlvr@localhost",
-                       GIT_AUTHOR_DATE="2000-01-01T00:00:00Z", GIT_COMMITTER_DATE="2000-01-01T00:00:00Z")
-        # No template: no sample hooks, a smaller archive.
+                       GIT_AUTHOR_DATE="2000-01-01T00:00:00Z", GIT_COMMITTER_DATE="2000-01-01T00:00:00Z",
+                       GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null")
+        # No template: no sample hooks, a smaller archive. filemode on: an executable stays 100755.
         subprocess.run(["git", "init", "-q", "--template=", "-b", "main", str(tb)], check=True, env=git_env)
+        subprocess.run(["git", "-C", str(tb), "config", "core.filemode", "true"], check=True, env=git_env)
         (tb / ".git" / "info").mkdir(exist_ok=True)
         (tb / ".git" / "info" / "exclude").write_text(GIT_EXCLUDES)
         subprocess.run(["git", "-C", str(tb), "add", "-A"], check=True, env=git_env)
         subprocess.run(["git", "-C", str(tb), "commit", "-q", "--allow-empty", "-m", message], check=True, env=git_env)
-        (tb / ".venv" / "bin").mkdir(parents=True)
-        os.symlink(python, tb / ".venv" / "bin" / "python")
-        for rel, content in tests.items():
-            _write(root / "r2e_tests" / rel, content)
+        head = subprocess.run(["git", "-C", str(tb), "rev-parse", "HEAD"], check=True, env=git_env,
+                              capture_output=True, text=True).stdout.strip()
+        if venv is not None:
+            shutil.copytree(venv, tb / ".venv", symlinks=True)
+        else:
+            (tb / ".venv" / "bin").mkdir(parents=True)
+            os.symlink(python, tb / ".venv" / "bin" / "python")
+        if tests.is_dir():
+            shutil.copytree(tests, root / "r2e_tests", symlinks=True, ignore=lambda d, ns: [
+                n for n in ns if n in _SKIP_ANY or n.endswith(".pyc")])
         (root / "r2e_tests").mkdir(exist_ok=True)
         _write(root / "run_tests.sh", run_tests)
         os.chmod(root / "run_tests.sh", 0o755)
@@ -273,7 +318,19 @@ def build_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],
         with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tf:
             for top in ("testbed", "r2e_tests", "run_tests.sh"):
                 tf.add(root / top, arcname=top, filter=norm)
-        return buf.getvalue()
+        data = buf.getvalue()
+    check_archive(data)
+    return data, head
+
+
+def check_archive(data: bytes) -> None:
+    """Raise EnvironmentError_ unless the archive extracts as sandboxes would extract it (member filter, links)."""
+    with tempfile.TemporaryDirectory(prefix="rlvr-envcheck-") as d:
+        path = pathlib.Path(d) / "env.tar.gz"
+        path.write_bytes(data)
+        with tarfile.open(path, "r:*") as tf:
+            tf.extractall(pathlib.Path(d) / "x", filter=_member_filter(path))
+        _check_links(path, pathlib.Path(d) / "x")
 
 
 def _write(path: pathlib.Path, content: str | bytes) -> None:
