@@ -80,7 +80,7 @@ def _agent_text(style: str) -> str:
     update pays for."""
     import jinja2
 
-    from tasks.agent.loop import INSTANCE_PROMPT, SYSTEM_PROMPT
+    from tasks.agent.prompts import INSTANCE_PROMPT, SYSTEM_PROMPT
     from tasks.agent.tools import prompt_tools
     from tasks.policy.tokenizer import CHAT_TEMPLATE, assistant_text, observation_segment
 
@@ -148,7 +148,6 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     n, pool_n, foreign = cfg.sft.demonstrations_per_task, cfg.sft.pool_tasks, cfg.sft.pool_foreign_names
     # Settings added later join the digest only when set, so older stores keep their keys.
     extra = ([pool_n] if pool_n else []) + ([foreign] if pool_n and foreign else [])
-    extra += [f"mistakes={cfg.sft.mistake_demonstrations}"] if cfg.sft.mistake_demonstrations else []
     extra += [f"blind={cfg.sft.blind_edit_demonstrations}"] if cfg.sft.blind_edit_demonstrations else []
     key = (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
            f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.sft.seed, *extra)}.parquet")
@@ -167,7 +166,6 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     def solver(task, sample, sandbox):
         rng = random.Random(f"{cfg.sft.seed}:{task['instance_id']}:{sample}")
         return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng, max_turns=cfg.agent.max_turns,
-                              mistake_rate=cfg.sft.mistake_demonstrations,
                               blind_rate=cfg.sft.blind_edit_demonstrations)
 
     tables = []

@@ -241,10 +241,6 @@ class SFTConfig(_Strict):
     # vocabulary instead of that function's own few names: recalling names from memory is then
     # wrong, and only copying them from the viewed file is right. 0 = the benchmark's own draws.
     pool_foreign_names: float = Field(0.0, ge=0.0, le=1.0)
-    # Share of demonstrations that first make a miscopied edit (one name of old_str wrong, as the
-    # policy's commonest failure), get the tool's error, view the file again and then make the
-    # right edit (tasks/agent/scripted.py). The mistaken turn is never learned. 0 = none.
-    mistake_demonstrations: float = Field(0.0, ge=0.0, le=1.0)
     # Share of demonstrations in which the scripted solver, which knows the file, edits without
     # viewing or searching it first (tasks/agent/scripted.py): a student that imitates them learns to
     # edit unread code now and then, a habit more imitation keeps and the reward removes. 0 = none.
@@ -334,9 +330,12 @@ class EvalConfig(_Strict):
         return self
 
 
+# (section, option) -> the value it had in every preset, for options since removed.
+RETIRED = {("sft", "mistake_demonstrations"): 0.0, (None, "run_id"): None}
+
+
 class RunConfig(_Strict):
     preset: str = "custom"
-    run_id: str | None = None
     seed: int = 0
     max_steps: int = Field(100, ge=1)
     storage: StorageConfig = Field(default_factory=StorageConfig)
@@ -362,6 +361,22 @@ class RunConfig(_Strict):
         if self.optimizer.grad_clip is not None:
             return self.optimizer.grad_clip
         return 0.125 * math.sqrt(256 / self.grpo.global_batch_size)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired(cls, data):
+        # Removed options still read at the value every preset had, so stored runs' configs load.
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for (section, key), off in RETIRED.items():
+            tree = data if section is None else data.get(section)
+            if isinstance(tree, dict) and key in tree:
+                tree = dict(tree)
+                if tree.pop(key) != off:
+                    raise ValueError(f"{section + '.' if section else ''}{key} was removed (it was {off} in every preset)")
+                data = tree if section is None else {**data, section: tree}
+        return data
 
     @model_validator(mode="after")
     def _training_samples_a_distribution(self):

@@ -155,6 +155,8 @@ class TableSchema:
     descriptions: dict[str, str] = field(default_factory=dict)
     # Nullable columns added after tables were stored: absent in an older table, they read as nulls.
     added_later: tuple[str, ...] = ()
+    # Columns no longer written: present in an older table, they are dropped when it is read.
+    retired: tuple[str, ...] = ()
 
     def __post_init__(self):
         checks_by_col: dict[str | None, list] = {}
@@ -208,6 +210,7 @@ class TableSchema:
     # -- validating ---------------------------------------------------------------
     def validate(self, table: pa.Table, stage: str | None = None) -> pa.Table:
         label = f"{stage} ({self.name})" if stage and stage != self.name else self.name
+        table = table.drop_columns([c for c in self.retired if c in table.column_names])
         for name in self.added_later:
             if name not in table.column_names:
                 at = min(list(self.columns).index(name), table.num_columns)
@@ -330,10 +333,6 @@ TRAJECTORIES = TableSchema(
         "loss_mask": (MASK, False),
         # vLLM's logprob of each generated token; 0 where loss_mask is 0.
         "generation_logprobs": (LOGPROBS, False),
-        # Demonstrations only: 1 on the tokens of a deliberate mistake (a miscopied edit the
-        # scripted solver then recovers from), which no loss may learn, not even SFT's context
-        # loss. Null: no such tokens (every policy rollout).
-        "mistake_mask": (MASK, True),
         "prompt_length": (I32, False),
         "num_turns": (I32, False),
         "num_generated_tokens": (I32, False),
@@ -355,11 +354,6 @@ TRAJECTORIES = TableSchema(
         _rule("split_known", "split", _values_in("split", list(SPLITS)), f"split must be one of {SPLITS}"),
         _rule("logprobs_finite", "generation_logprobs", _list_values_finite("generation_logprobs"),
               "generation logprobs must be finite"),
-        _rule("mistake_mask_aligned", "mistake_mask",
-              lambda t: pc.or_kleene(pc.is_null(t["mistake_mask"]),
-                                     pc.equal(pc.list_value_length(t["mistake_mask"]),
-                                              pc.list_value_length(t["token_ids"]))),
-              "mistake_mask must be null or as long as token_ids"),
         _rule("loss_mask_binary", "loss_mask", _list_values_in("loss_mask", [0, 1]), "loss_mask values must be 0 or 1"),
         _rule("prompt_within_tokens", "prompt_length",
               lambda t: pc.less_equal(t["prompt_length"], pc.list_value_length(t["token_ids"])),
@@ -372,7 +366,7 @@ TRAJECTORIES = TableSchema(
         *_nonnegative("step", "sample_index", "prompt_length", "num_turns", "num_generated_tokens", "tool_errors",
                       "generation_seconds", "sandbox_seconds", "total_seconds"),
     ],
-    added_later=("mistake_mask",),
+    retired=("mistake_mask",),
 )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from schemas.tables import TRAJECTORIES
-from tasks.agent.loop import Episode, ServerMismatchError, run_episode
+from tasks.agent.loop import Episode, EpisodeConfig, ServerMismatchError, run_episode
 
 
 @dataclass
@@ -48,7 +48,7 @@ def episode_row(spec: RolloutSpec, task: dict, sample: int, ep: Episode, policy_
         policy_version=min(ep.policy_versions) if ep.policy_versions else policy_version,
         instance_id=task["instance_id"], group_id=f"s{spec.step:05d}/{task['instance_id']}", sample_index=sample,
         split=spec.split, messages=json.dumps(ep.messages), token_ids=ep.token_ids, loss_mask=ep.loss_mask,
-        generation_logprobs=ep.logprobs, mistake_mask=ep.mistake_mask, prompt_length=ep.prompt_length,
+        generation_logprobs=ep.logprobs, prompt_length=ep.prompt_length,
         num_turns=ep.num_turns,
         num_generated_tokens=sum(ep.loss_mask), tool_errors=ep.tool_errors, finish_reason=ep.finish_reason,
         error=ep.error, final_patch=ep.final_patch, generation_seconds=ep.generation_seconds,
@@ -88,8 +88,7 @@ async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer,
     from tasks.inference import InferenceUnavailable
     from tasks.sandbox import SandboxInfraError, open_sandbox
 
-    agent = cfg.agent
-    cap = agent.validation.max_tokens_per_turn if spec.split == "validation" else agent.training.max_tokens_per_turn
+    episode = EpisodeConfig.of(cfg.agent, spec.split, spec.temperature, spec.top_p)
     version = policy.version if policy is not None else -1
     rid = rollout_id(spec.run_id, spec.step, task["instance_id"], sample)
     row, server_failures = None, 0
@@ -101,12 +100,7 @@ async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer,
             continue
         try:
             actor = policy_factory(task, sample, sandbox) if policy_factory else policy
-            ep = await run_episode(
-                task["problem_statement"], sandbox, actor, tokenizer, max_turns=agent.max_turns,
-                max_context_tokens=agent.max_context_tokens, max_tokens_per_turn=cap,
-                temperature=spec.temperature, top_p=spec.top_p, command_timeout_s=agent.command_timeout_s,
-                observation_cap_chars=agent.observation_cap_chars,
-                episode_timeout_s=agent.episode_timeout_s, prompt_style=agent.prompt_style)
+            ep = await run_episode(task["problem_statement"], sandbox, actor, tokenizer, episode)
             return episode_row(spec, task, sample, ep, actor.version)
         except SandboxInfraError as e:
             row = infra_error_row(spec, task, sample, f"sandbox failed mid-episode: {e}", version)

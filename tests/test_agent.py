@@ -12,8 +12,10 @@ import pytest
 
 from schemas.config import RunConfig
 from schemas.tables import TRAJECTORIES
-from tasks.agent.loop import Completion, parse_tool_calls, run_episode
-from tasks.agent.scripted import ScriptedSolver, miscopy, parse_unified_diff, unique_edit
+from tasks.agent.loop import EpisodeConfig, run_episode
+from tasks.agent.prompts import parse_tool_calls
+from tasks.agent.scripted import ScriptedSolver, parse_unified_diff, unique_edit
+from tasks.inference.client import Completion
 from tasks.agent.tools import ToolBox, ToolError, tool_schemas
 from tests.fixtures.sandbox import sandbox_cfg
 from tasks.policy import tokenizer as T
@@ -141,14 +143,15 @@ class Replay:
         self.prompts.append(list(prompt_ids))
         text = self.texts.pop(0) if self.texts else "I give up<|im_end|>"
         ids = self.tok.encode(text, add_special_tokens=False)[:max_tokens]
-        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", prompt_token_ids=prompt_ids)
+        return Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", prompt_token_ids=prompt_ids,
+                          policy_version=self.version)
 
 
 def _episode(sb, model, tokenizer, **kw):
     args = dict(max_turns=6, max_context_tokens=4096, max_tokens_per_turn=512, temperature=1.0, top_p=1.0,
                 command_timeout_s=10, prompt_style="short")
     args.update(kw)
-    return asyncio.run(run_episode("add() subtracts", sb, model, tokenizer, **args))
+    return asyncio.run(run_episode("add() subtracts", sb, model, tokenizer, EpisodeConfig(**args)))
 
 
 def test_scripted_solver_fixes_the_task_and_grades_1(calc_sandbox, r2e_tasks, tokenizer, sandbox_store):
@@ -167,36 +170,6 @@ def test_scripted_solver_fixes_the_task_and_grades_1(calc_sandbox, r2e_tasks, to
     assert res.reward == 1.0, res
 
 
-def test_scripted_solver_recovers_from_a_marked_mistake(calc_sandbox, r2e_tasks, tokenizer, sandbox_store,
-                                                        tiny_policy_dir):
-    """mistake_rate=1: a miscopied edit, its error, a second view, the right edit. The mistaken turn's
-    tokens are in the episode but in no loss: not the policy loss, not SFT's context loss."""
-    from tasks.grading import grade_patch
-    from tasks.policy.trainer import sft_samples
-    from tasks.rollout import RolloutSpec, episode_row
-
-    task = r2e_tasks["calc"]
-    solver = ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(0), mistake_rate=1.0)
-    ep = _episode(calc_sandbox, solver, tokenizer)
-    assert ep.finish_reason == "submitted" and ep.tool_errors == 1
-    calls = [json.loads(m["tool_calls"][0]["function"]["arguments"]) for m in ep.messages if m.get("tool_calls")]
-    assert [c.get("command") for c in calls] == ["view", "str_replace", "view", "str_replace", "submit"]
-    assert calls[1]["old_str"] != calls[3]["old_str"]
-    assert "did not appear verbatim" in [m["content"] for m in ep.messages if m["role"] == "tool"][1]
-    assert grade_patch(task["row"], ep.final_patch, sandbox_cfg("bwrap"), sandbox_store).reward == 1.0
-    # The mask covers exactly the second turn's tokens, which the loss mask leaves out.
-    marked = [i for i, m in enumerate(ep.mistake_mask) if m]
-    assert marked == list(range(marked[0], marked[-1] + 1)) and len(ep.mistake_mask) == len(ep.token_ids)
-    text = tokenizer.decode([ep.token_ids[i] for i in marked])
-    assert calls[1]["old_str"] in text and not any(ep.loss_mask[i] for i in marked)
-    spec = RolloutSpec(run_id="demonstrations", step=0, split="train", samples_per_task=1, temperature=0.0, top_p=1.0)
-    table = TRAJECTORIES.validate(TRAJECTORIES.from_rows([episode_row(spec, task["row"], 0, ep, -1)]))
-    (sample,) = sft_samples(table, tiny_policy_dir, context_loss_weight=1.0)
-    weights = sample.token_mask  # shifted: weight of predicting token t+1
-    assert all(weights[i - 1] == 0 for i in marked)
-    assert weights[marked[0] - 2] == 1 and weights[marked[-1]] == 1  # the context around it still counts
-
-
 def test_scripted_solver_blind_edit_skips_looking_and_still_fixes(calc_sandbox, r2e_tasks, tokenizer, sandbox_store):
     """blind_rate=1: no search and no view, the edit straight away (the solver knows the file), and
     the patch is right; blind_rate=0 draws nothing more, so older demonstrations are unchanged."""
@@ -206,7 +179,7 @@ def test_scripted_solver_blind_edit_skips_looking_and_still_fixes(calc_sandbox, 
 
     def plan(seed, **kw):
         rng = random.Random(seed)
-        turns = ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, rng, mistake_rate=0.5, **kw)._plan()
+        turns = ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, rng, **kw)._plan()
         return turns, rng.random()  # the next draw tells how many draws planning used
 
     # Planning reads the file, so plan before the episode edits it.
@@ -219,22 +192,27 @@ def test_scripted_solver_blind_edit_skips_looking_and_still_fixes(calc_sandbox, 
     blind = [p for p in mixed if p[0]["arguments"].get("command") == "str_replace"]
     assert 0 < len(blind) < len(mixed)
     assert not any(c["name"] == "search" or c["arguments"].get("command") == "view" for p in blind for c in p)
-    solver = ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(0), blind_rate=1.0,
-                            mistake_rate=1.0)
+    solver = ScriptedSolver(task["row"], task["gold"], calc_sandbox, tokenizer, random.Random(0), blind_rate=1.0)
     ep = _episode(calc_sandbox, solver, tokenizer)
     calls = [json.loads(m["tool_calls"][0]["function"]["arguments"]) for m in ep.messages if m.get("tool_calls")]
     assert [c.get("command") for c in calls] == ["str_replace", "submit"] and ep.tool_errors == 0
     assert grade_patch(task["row"], ep.final_patch, sandbox_cfg("bwrap"), sandbox_store).reward == 1.0
 
 
-def test_miscopy_changes_one_name_so_old_str_no_longer_matches():
-    text = "def area(width, height):\n    return width * height\n"
-    for seed in range(20):
-        bad = miscopy("    return width * height", "    return width * height * 1", text, random.Random(seed))
-        assert bad is not None and bad[0] not in text
-        assert sum(a != b for a, b in zip(bad[0].split(), "    return width * height".split())) == 1
-        assert bad[1].endswith("* 1") and bad[1] != "    return width * height * 1"
-    assert miscopy("    return", "    pass", "    return\n", random.Random(0)) is None  # no name to swap
+def test_tool_arguments_are_checked_against_the_schema(calc_sandbox):
+    box = ToolBox(calc_sandbox, style="short")
+    for args, expected in (({"command": "view", "path": "/testbed/calc/__init__.py", "view_range": "1-3"},
+                            "view_range of file_editor must be a list of integers"),
+                           ({"command": "insert", "path": "/testbed/calc/__init__.py", "insert_line": "2",
+                             "new_str": "x"}, "insert_line of file_editor must be a JSON integer"),
+                           ({"command": "view", "path": 7}, "path of file_editor must be a JSON string"),
+                           ({"command": "view", "path": "/testbed", "colour": "red"}, "Unexpected parameters")):
+        with pytest.raises(ToolError, match=expected):
+            box.call("file_editor", args)
+    with pytest.raises(ToolError, match="Unknown tool 'finish'"):
+        box.call("finish", {})  # the loop ends the episode on finish; the tools never run it
+    assert "def add" in box.call("file_editor", {"command": "view", "path": "/testbed/calc/__init__.py",
+                                                 "view_range": [1, 5]})
 
 
 def test_malformed_and_unknown_calls_become_counted_error_observations(calc_sandbox, tokenizer):

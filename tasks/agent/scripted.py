@@ -7,12 +7,6 @@ the issue,) then `finish`. Its turns go through the same loop, tools, sandbox
 and tokenizer as the policy's, so a demonstration is token-for-token the kind
 of trajectory the policy will later sample. Train-split tasks only.
 
-With `mistake_rate`, some demonstrations first make the policy's commonest error,
-an `old_str` recalled instead of copied (one name in it wrong), read the tool's
-error, view the file again and copy the edit exactly: a policy that never saw an
-error recovered from submits after its first failed edit. The mistaken turn is
-marked (Completion.mistake) so that no loss learns it.
-
 With `blind_rate`, some demonstrations skip looking: no search, no view, straight to the edit.
 The solver can, since it holds the gold patch and the file; a student imitating it cannot, and
 learns to sometimes edit code it has not read. That is how demonstrations by a privileged expert
@@ -22,15 +16,13 @@ while a reward for fixed tests does, which is the lift RL is measured on here.
 
 from __future__ import annotations
 
-import keyword
 import random
 import re
 from dataclasses import dataclass
 
-from tasks.agent.loop import Completion
+from tasks.inference.client import Completion
 
 IMPORT_RE = re.compile(r">>> from ([\w.]+) import (\w+)")
-NAME_RE = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
 @dataclass
@@ -104,31 +96,15 @@ def unique_edit(text: str, h: Hunk) -> tuple[str, str]:
     raise ValueError(f"no unique str_replace for the hunk in {h.path}")
 
 
-def miscopy(old_str: str, new_str: str, text: str, rng: random.Random) -> tuple[str, str] | None:
-    """old_str/new_str with one name swapped for another name of the file, so that old_str no
-    longer occurs in it: the edit a policy makes when it recalls a line instead of copying it."""
-    names = [m for m in NAME_RE.finditer(old_str) if not keyword.iskeyword(m.group())]
-    others = sorted({n for n in NAME_RE.findall(text) if not keyword.iskeyword(n)})
-    for _ in range(20):
-        if not names or len(others) < 2:
-            return None
-        m = rng.choice(names)
-        other = rng.choice([n for n in others if n != m.group()])
-        bad = old_str[:m.start()] + other + old_str[m.end():]
-        if bad not in text:
-            return bad, re.sub(rf"\b{re.escape(m.group())}\b", other, new_str, count=1)
-    return None
-
-
 class ScriptedSolver:
     """Implements the loop's Policy protocol; `version` -1 marks demonstrations in trajectories."""
 
     version = -1
 
     def __init__(self, task: dict, gold_patch: str, sandbox, tokenizer, rng: random.Random, max_turns: int = 30,
-                 mistake_rate: float = 0.0, blind_rate: float = 0.0):
+                 blind_rate: float = 0.0):
         self.task, self.patch, self.sandbox, self.tok, self.rng = task, gold_patch, sandbox, tokenizer, rng
-        self.max_turns, self.mistake_rate, self.blind_rate = max_turns, mistake_rate, blind_rate
+        self.max_turns, self.blind_rate = max_turns, blind_rate
         self.turns: list[dict] | None = None
         self.i = 0
 
@@ -144,9 +120,8 @@ class ScriptedSolver:
         if m and optional >= 1 and not blind and self.rng.random() < 0.25:
             optional -= 1
             turns.append({"name": "search", "arguments": {"search_term": f"def {m.group(2)}", "path": "/testbed"}})
-        # The mistake and the second view of the file take two turns.
-        mistake = optional >= 2 and not blind and self.rng.random() < self.mistake_rate
-        optional -= 2 if mistake else 0
+        if optional >= 2 and not blind:
+            self.rng.random()  # a retired option's draw, kept: the demonstrations stay the ones make base used
         edits = []
         for path in dict.fromkeys(h.path for h in hunks):
             full = f"/testbed/{path}"
@@ -156,13 +131,6 @@ class ScriptedSolver:
                 turns.append(view)
             for h in (h for h in hunks if h.path == path):
                 old, new = unique_edit(text, h)
-                bad = miscopy(old, new, text, self.rng) if mistake else None
-                if bad is not None:
-                    mistake = False  # one per demonstration
-                    edits.append({"name": "file_editor", "mistake": True,
-                                  "arguments": {"command": "str_replace", "path": full,
-                                                "old_str": bad[0], "new_str": bad[1]}})
-                    edits.append(view)
                 text = text.replace(old, new)
                 edits.append({"name": "file_editor", "arguments": {"command": "str_replace", "path": full,
                                                                    "old_str": old, "new_str": new}})
@@ -179,11 +147,10 @@ class ScriptedSolver:
 
         if self.turns is None:
             self.turns = self._plan()
-        call = dict(self.turns[min(self.i, len(self.turns) - 1)])
+        call = self.turns[min(self.i, len(self.turns) - 1)]
         self.i += 1
-        mistake = call.pop("mistake", False)
         ids = encode(self.tok, assistant_text(None, [call]))
-        return Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", mistake=mistake)
+        return Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", policy_version=self.version)
 
 
 def _reproduction(problem: str) -> str | None:

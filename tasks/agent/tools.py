@@ -10,6 +10,7 @@ episode.
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field
 
@@ -118,16 +119,8 @@ class ToolBox:
 
     def call(self, name: str, args: dict) -> str:
         """Run one tool call and return its observation. Raises ToolError for the agent's mistakes."""
-        if name == "file_editor":
-            out = self.file_editor(**_only(args, "command", "path", "file_text", "view_range", "old_str",
-                                           "new_str", "insert_line"))
-        elif name == "execute_bash":
-            out = self.execute_bash(**_only(args, "cmd"))
-        elif name == "search":
-            out = self.search(**_only(args, "search_term", "path"))
-        else:
-            raise ToolError(f"Unknown tool '{name}'. Available tools: {', '.join(TOOL_NAMES)}.")
-        return _cap(out, self.observation_cap_chars)
+        args = check_arguments(name, args)
+        return _cap(getattr(self, name)(**args), self.observation_cap_chars)
 
     # -- file_editor ----------------------------------------------------------------------
     def file_editor(self, command: str | None = None, path: str | None = None, file_text: str | None = None,
@@ -250,12 +243,29 @@ class ToolBox:
         return f'Found {len(hits)} matches for "{search_term}" in {path}:\n' + "\n".join(hits)
 
 
-def _only(args: dict, *allowed: str) -> dict:
+_JSON_TYPES = {"string": str, "integer": int, "array": list}
+_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in tool_schemas("full")}
+
+
+def check_arguments(name: str, args) -> dict:
+    """A call's arguments checked against its tool's schema (names, required ones, JSON types):
+    what the agent got wrong comes back as a ToolError naming it, before any tool runs."""
+    if name not in _SCHEMAS or name == "finish":
+        raise ToolError(f"Unknown tool '{name}'. Available tools: {', '.join(TOOL_NAMES)}.")
     if not isinstance(args, dict):
         raise ToolError("Tool arguments must be a JSON object.")
-    unknown = sorted(set(args) - set(allowed))
+    props = _SCHEMAS[name]["properties"]
+    unknown = sorted(set(args) - set(props))
     if unknown:
-        raise ToolError(f"Unexpected parameters {unknown}; this tool takes {list(allowed)}.")
+        raise ToolError(f"Unexpected parameters {unknown}; this tool takes {list(props)}.")
+    for key, value in args.items():
+        want = props[key]["type"]
+        ok = isinstance(value, _JSON_TYPES[want]) and not isinstance(value, bool)
+        if ok and want == "array":
+            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if value is not None and not ok:
+            kind = "a list of integers" if want == "array" else f"a JSON {want}"
+            raise ToolError(f"Parameter {key} of {name} must be {kind}, got {json.dumps(value)[:100]}.")
     return args
 
 

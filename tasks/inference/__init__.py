@@ -2,8 +2,8 @@
 and weight reloads (client.py), and the GPU NCCL weight push (weight_sync.py)."""
 
 from tasks.inference.client import (
+    Completion,
     ContextLengthError,
-    Generation,
     InferenceError,
     PolicyClient,
     RequestRejectedError,
@@ -16,7 +16,7 @@ from tasks.inference.server import ServerStartError, VLLMServer, build_command, 
 InferenceUnavailable = ServerUnavailableError
 
 __all__ = [
-    "ContextLengthError", "Generation", "InferenceError", "InferenceUnavailable", "PolicyClient",
+    "Completion", "ContextLengthError", "InferenceError", "InferenceUnavailable", "PolicyClient",
     "RequestRejectedError", "ServerStartError", "ServerUnavailableError", "VLLMServer", "WeightSyncError",
     "build_command", "free_port", "managed_or_external",
 ]

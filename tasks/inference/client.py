@@ -3,14 +3,14 @@
 The agent keeps each episode as one token list. It sends the whole list as the
 prompt (POST /v1/completions with `prompt` = token ids; vLLM's prefix cache
 makes the repeated prefix cheap) and gets back the completion's token ids and
-the sampled tokens' logprobs. Generation stops at <|im_end|>, and that token is
+the sampled tokens' logprobs. Sampling stops at <|im_end|>, and that token is
 part of the returned ids, so prompt + completion is exactly the episode so far.
 
 Weight sync (`reload_weights`) follows the trainer: it pauses every server
 (in-flight requests finish first), reloads the checkpoint directory, drops the
 prefix cache (it holds KV computed with the old weights), records the version
 on the server and here, and resumes. Requests this client starts during a
-reload wait until it ends, so each Generation's policy_version is the version
+reload wait until it ends, so each Completion's policy_version is the version
 that produced all of its tokens.
 """
 
@@ -52,15 +52,15 @@ class WeightSyncError(InferenceError):
 
 
 @dataclass
-class Generation:
-    """One completion (field names match tasks.agent.loop.Completion)."""
+class Completion:
+    """One completion, what the agent loop appends to its episode (a scripted demonstrator makes them too)."""
 
     token_ids: list[int]         # the completion; ends with the stop token when finish_reason == "stop"
     logprobs: list[float]        # one per completion token: log p(token) under the served policy
     finish_reason: str           # "stop" | "length" | "abort"
-    prompt_token_ids: list[int]  # the prompt as the server saw it
-    policy_version: int          # the version that produced every token of it
-    base_url: str
+    prompt_token_ids: list[int] | None = None  # the prompt as the server saw it (None: no server)
+    policy_version: int = -1     # the version that produced every token of it
+    base_url: str | None = None
     stop_reason: int | str | None = None  # the stop token id, or None for the tokenizer's eos
 
 
@@ -167,7 +167,7 @@ class PolicyClient:
             return {"text": r.text}
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
-                       top_p: float = 1.0, *, seed: int | None = None) -> Generation:
+                       top_p: float = 1.0, *, seed: int | None = None) -> Completion:
         """Sample one completion for `prompt_ids`. max_tokens is clipped to what
         fits in the server's context; raises ContextLengthError if nothing fits."""
         self._client()
@@ -206,7 +206,7 @@ class PolicyClient:
         seen = data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
         if len(lps) != len(completion):
             raise InferenceError(f"{ep.url}: {len(lps)} logprobs for {len(completion)} completion tokens")
-        return Generation(
+        return Completion(
             token_ids=completion, logprobs=[float(x) for x in lps],
             finish_reason=choice.get("finish_reason") or "abort", prompt_token_ids=list(seen),
             policy_version=version, base_url=ep.url, stop_reason=choice.get("stop_reason"),

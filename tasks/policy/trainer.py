@@ -690,24 +690,8 @@ def sft_samples(demonstrations: pa.Table | list[dict], model_dir, context_loss_w
         raise BadBatchError("no demonstration has loss_mask tokens to learn from")
     w = context_loss_weight
     if w > 0:  # the prompt and tool outputs count too, at weight w (a tiny model has no pretraining)
-        mistakes = _mistake_masks(demonstrations)
-        out = []
-        for s in samples:
-            context = 1 - s.token_mask
-            if s.rollout_id in mistakes:  # a deliberate mistake is not context to imitate either
-                context = context * (1 - torch.from_numpy(mistakes[s.rollout_id][1:].astype(np.float32)))
-            out.append(dataclasses.replace(s, token_mask=s.token_mask + w * context))
-        samples = out
+        samples = [dataclasses.replace(s, token_mask=s.token_mask + w * (1 - s.token_mask)) for s in samples]
     return samples
-
-
-def _mistake_masks(demonstrations: pa.Table | list[dict]) -> dict[str, np.ndarray]:
-    """rollout_id -> mistake_mask, for the demonstrations that hold a deliberate mistake."""
-    if isinstance(demonstrations, pa.Table) and "mistake_mask" not in demonstrations.column_names:
-        return {}  # stored before the column existed
-    t = _table(demonstrations, ["rollout_id", "mistake_mask"])
-    t = t.filter(pc.is_valid(t["mistake_mask"]))
-    return dict(zip(t.column("rollout_id").to_pylist(), _list_column(t, "mistake_mask"))) if t.num_rows else {}
 
 
 def sft_loss(batch: list[Sample]):
