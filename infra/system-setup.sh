@@ -40,7 +40,7 @@ fi
 if ! pgrep -x dockerd >/dev/null; then
   echo "system-setup: starting dockerd (log: $DOCKERD_LOG)"
   # No bridge and no iptables: every sandbox runs with network_mode=none, and this
-  # machine cannot reach a registry anyway (ARCHITECTURE.md s5). overlay2 is the fast driver.
+  # sandbox images are built locally from Debian packages. overlay2 is the fast driver.
   as_root sh -c "nohup dockerd --iptables=false --bridge=none --storage-driver=overlay2 >>'$DOCKERD_LOG' 2>&1 &"
 fi
 

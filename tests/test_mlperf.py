@@ -24,7 +24,7 @@ def test_reference_preset_meets_closed_division_constants():
     assert hp["opt_learning_rate_decay_schedule"] == "constant"
     assert (hp["generation_training_rollout_temperature"], hp["generation_training_rollout_top_p"]) == (1.0, 1.0)
     assert (hp["generation_validation_rollout_temperature"], hp["generation_validation_rollout_top_p"]) == (0.1, 0.95)
-    # the reference's other fixed choices (ARCHITECTURE.md s4)
+    # the reference's other fixed choices (mlcommons/training llm_post_training: NeMo-RL ClippedPGLossFn)
     g = cfg.grpo
     assert (g.ratio_clip_min, g.ratio_clip_max, g.reference_policy_kl_penalty) == (0.2, 0.28, 0.0)
     assert g.leave_one_out_baseline and g.normalize_rewards and g.token_level_loss
