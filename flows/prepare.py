@@ -210,14 +210,17 @@ def _sft_key(model_key: str, demos_key: str, sft, seed: int) -> str:
 @task(name="warm-start", cache_policy=NONE)
 def warm_start(cfg: RunConfig, store: Store, model_key: str, demos_key: str, stage: str = "warm start") -> str:
     """Supervised fine-tuning of model_key on the demonstrations with cfg.sft: one SFT run, one checkpoint."""
-    from tasks.policy.trainer import launch_sft
+    from tasks.policy.worker import TrainerWorker
 
     key = _sft_key(model_key, demos_key, cfg.sft, cfg.sft.seed)
     if store.exists(key + ".commit"):
         return key
     t0 = time.monotonic()
     out = work_root() / "prepare" / pathlib.PurePosixPath(key).name
-    metrics = launch_sft(_local_model(cfg, store, model_key), str(store.local_path(demos_key)), cfg, str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with TrainerWorker(_local_model(cfg, store, model_key), cfg, mode="sft",
+                       log_path=work_root() / "prepare" / "sft-worker.log") as worker:
+        metrics = worker.sft(store.local_path(demos_key), out)
     store.put_dir(key, out)
     store.put_json(key + ".commit", {"built_at": time.time(), "stage": stage, "from": model_key,
                                      "demonstrations": demos_key, "sft": cfg.sft.model_dump(), "metrics": metrics})

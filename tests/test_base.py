@@ -46,7 +46,7 @@ def test_make_base_builds_freezes_and_measures_a_smoke_base(smoke_base, smoke_pr
     from safetensors import safe_open
 
     from flows.prepare import _local_model
-    from tasks.policy.trainer import build_policy, init_runtime
+    from tasks.policy.runtime import build_policy, init_runtime
     from tasks.storage import Store
 
     out, manifest, overrides = smoke_base
@@ -76,14 +76,14 @@ def test_make_base_builds_freezes_and_measures_a_smoke_base(smoke_base, smoke_pr
 
 def test_prepare_starts_from_a_given_base_without_sft(smoke_base, monkeypatch):
     import flows.prepare as prepare
-    import tasks.policy.trainer as trainer
+    from tasks.policy.worker import TrainerWorker
 
     out, manifest, overrides = smoke_base
 
     def never(*a, **k):
         raise AssertionError("prepare ran a warm-start stage for a run that has its base")
 
-    monkeypatch.setattr(trainer, "launch_sft", never)
+    monkeypatch.setattr(TrainerWorker, "sft", never)
     monkeypatch.setattr(prepare, "demonstrations", never)
     monkeypatch.setattr(prepare, "warm_start_stages", never)
     cfg = load_config("smoke", {**overrides, "model": {"path": str(out)}})

@@ -63,8 +63,8 @@ def test_token_in_token_out_matches_training_model(vllm_server, policy):
 
 def test_logprobs_are_of_the_tempered_distribution(vllm_server, policy):
     """At T=0.5 the server reports log softmax(logits / 0.5), the trainer's GRPO logprobs at that
-    temperature (tasks/policy/trainer.py: token_logprobs), not the raw model's."""
-    from tasks.policy.trainer import policy_logprobs
+    temperature (tasks/policy/runtime.py: token_logprobs), not the raw model's."""
+    from tasks.policy.runtime import policy_logprobs
 
     model, tok = policy
     prompt = T.prompt_ids(tok, MESSAGES, TOOLS)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tasks.policy import checkpoint as ckpt
-from tasks.policy.trainer import grpo_update, policy_logprobs
-from tests.test_policy_support import episode, make_policy_dir, reward_table, run_config, trajectory_rows
+from tasks.policy.runtime import policy_logprobs
+from tests.test_policy_support import episode, grpo_step, make_policy_dir, reward_table, run_config, trajectory_rows
 from tasks.grpo import compute_advantages
 
 SEQS = [episode("Q: 1+1=", "2")[0], episode("Q: what is 2+2?", "four")[0]]
@@ -37,7 +37,7 @@ def test_updated_checkpoint_round_trip_and_optimizer_resume(tmp_path):
     lps = policy_logprobs(ckpt.load_policy(src), [episode(p, c)[0] for p, c in group])
     traj = trajectory_rows(group, logprobs=lps)
     adv = compute_advantages(traj, reward_table(traj, [1, 1, 0, 0, 1, 0, 0, 0]), cfg.grpo)
-    m1 = grpo_update(src, traj, adv, cfg, tmp_path / "v1")
+    m1 = grpo_step(src, traj, adv, cfg, tmp_path / "v1")
     v1 = ckpt.load_policy(tmp_path / "v1")
     resaved = ckpt.save_policy(v1, tmp_path / "v1b", policy_version=1, source_dir=tmp_path / "v1")
     assert all(torch.equal(a, b) for a, b in zip(policy_logprobs(v1, SEQS),
@@ -45,9 +45,9 @@ def test_updated_checkpoint_round_trip_and_optimizer_resume(tmp_path):
     assert (tmp_path / "v1" / ckpt.OPTIMIZER_FILE).exists() and not m1["optimizer_resumed"]
     state = torch.load(tmp_path / "v1" / ckpt.OPTIMIZER_FILE, weights_only=True)
     assert "model.layers.0.self_attn.q_proj.weight" in state["state"]
-    m2 = grpo_update(tmp_path / "v1", traj, adv, cfg, tmp_path / "v2")
+    m2 = grpo_step(tmp_path / "v1", traj, adv, cfg, tmp_path / "v2")
     assert m2["optimizer_resumed"] and m2["policy_version"] == 2
-    m3 = grpo_update(tmp_path / "v1", traj, adv, cfg, tmp_path / "v2", keep_optimizer_state=False)
+    m3 = grpo_step(tmp_path / "v1", traj, adv, cfg, tmp_path / "v2", keep_optimizer_state=False)
     assert not m3["optimizer_resumed"] and not (tmp_path / "v2" / ckpt.OPTIMIZER_FILE).exists()
 
 

@@ -1,4 +1,4 @@
-"""The trainer as a flow launches it: a subprocess, 1 rank or 2 under torchrun (FSDP2, gloo).
+"""The trainer as a flow launches it: the trainer worker, 1 rank or 2 under torchrun (FSDP2, gloo).
 And the GPU path (NCCL, bf16), run only where CUDA is."""
 
 import pyarrow.parquet as pq
@@ -9,16 +9,11 @@ from tasks.grpo import compute_advantages
 from tasks.policy import checkpoint as ckpt
 from safetensors.torch import load_file, save_file
 
-from tasks.policy.trainer import (
-    BadBatchError,
-    UpdateAborted,
-    grpo_update,
-    launch_grpo_update,
-    launch_sft,
-    policy_logprobs,
-    run_trainer,
-)
-from tests.test_policy_support import OFFSET, episode, make_policy_dir, reward_table, run_config, trajectory_rows
+from tasks.policy.batch import BadBatchError
+from tasks.policy.runtime import UpdateAborted, policy_logprobs
+from tasks.policy.worker import TrainerWorker
+from tests.test_policy_support import (OFFSET, episode, grpo_step, make_policy_dir, reward_table, run_config,
+                                       trajectory_rows)
 
 EPISODES = [("Q: 1+1=", "2"), ("Q: 1+1=", "3"), ("Q: 1+1=", "two"), ("Q: 1+1=", "11"),
             ("Q: 2+2=", "4"), ("Q: 2+2=", "5"), ("Q: 2+2=", "four!"), ("Q: 2+2=", "22")]
@@ -35,9 +30,10 @@ def step_inputs(tmp_path, model_dir, cfg, step):
     return traj, adv
 
 
-def cli_args(tmp_path, model_dir, out, step):
-    return ["--model", str(model_dir), "--out", str(out), "--config", str(tmp_path / "run.json"),
-            "--trajectories", str(tmp_path / f"traj{step}.parquet"), "--advantages", str(tmp_path / f"adv{step}.parquet")]
+def worker_update(tmp_path, cfg, model_dir, out, step, num_ranks, precision=None) -> dict:
+    """One update as a flow takes it: a trainer worker of `num_ranks` processes, then stopped."""
+    with TrainerWorker(model_dir, cfg, num_ranks=num_ranks, precision=precision, start_timeout=300) as w:
+        return w.update(tmp_path / f"traj{step}.parquet", tmp_path / f"adv{step}.parquet", out, timeout=300)
 
 
 @pytest.mark.slow
@@ -46,10 +42,10 @@ def test_two_gloo_ranks_match_one_rank(tmp_path):
     cfg = run_config(lr=1e-3, micro_batch_tokens=64)
     v0 = make_policy_dir(tmp_path / "v0")
     traj, adv = step_inputs(tmp_path, v0, cfg, 1)
-    grpo_update(v0, traj, adv, cfg, tmp_path / "v1")  # v1 carries AdamW state: the next step resumes it
+    grpo_step(v0, traj, adv, cfg, tmp_path / "v1")  # v1 carries AdamW state: the next step resumes it
     traj, adv = step_inputs(tmp_path, tmp_path / "v1", cfg, 2)
-    one = grpo_update(tmp_path / "v1", traj, adv, cfg, tmp_path / "one")
-    two = run_trainer("grpo", cli_args(tmp_path, tmp_path / "v1", tmp_path / "two", 2), num_ranks=2, timeout=300)
+    one = grpo_step(tmp_path / "v1", traj, adv, cfg, tmp_path / "one")
+    two = worker_update(tmp_path, cfg, tmp_path / "v1", tmp_path / "two", 2, num_ranks=2)
     assert two["world_size"] == 2 and two["optimizer_resumed"] and two["policy_version"] == 2
     for k in ("loss", "grad_norm", "approx_entropy", "gen_kl_error", "sampling_importance_ratio"):
         assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6), k
@@ -77,7 +73,7 @@ def test_two_ranks_abort_together_on_nan(tmp_path):
     weights["model.embed_tokens.weight"][ord("!") + OFFSET] = float("nan")  # only in "four!"
     save_file(weights, str(v0 / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(UpdateAborted, match=r"non-finite loss in micro-batch \d of \d .*g0-s1-6"):
-        run_trainer("grpo", cli_args(tmp_path, v0, tmp_path / "v1", 1), num_ranks=2, timeout=300)
+        worker_update(tmp_path, cfg, v0, tmp_path / "v1", 1, num_ranks=2)
     assert not (tmp_path / "v1").exists()
 
 
@@ -88,7 +84,8 @@ def test_sft_two_ranks(tmp_path, capfd):
     v0 = make_policy_dir(tmp_path / "base")
     demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 3+3=", "6"), ("Q: 4+4=", "8")], group="demo")
     pq.write_table(demos, tmp_path / "demos.parquet")
-    m = launch_sft(v0, tmp_path / "demos.parquet", cfg, tmp_path / "sft", max_steps=12, timeout=300)
+    with TrainerWorker(v0, cfg, mode="sft", start_timeout=300) as w:
+        m = w.sft(tmp_path / "demos.parquet", tmp_path / "sft", max_steps=12, timeout=300)
     assert m["world_size"] == 2 and m["steps"] == 12 and m["loss_last"] < m["loss_first"]
     assert ckpt.read_policy_version(tmp_path / "sft") == 0
     # The warm start's progress reaches the caller's stderr, once (rank 0), the rest stays quiet.
@@ -96,18 +93,18 @@ def test_sft_two_ranks(tmp_path, capfd):
     assert err.count("sft step 1/12: loss") == 1 and "[trainer progress]" not in err
 
 
-@pytest.mark.slow  # two subprocess launches: ~20-35 s on 2 busy cores
-def test_cli_one_rank_and_bad_input(tmp_path):
+@pytest.mark.slow
+def test_one_rank_worker_and_bad_input(tmp_path):
     cfg = run_config()
     v0 = make_policy_dir(tmp_path / "v0")
     traj, adv = step_inputs(tmp_path, v0, cfg, 1)
-    m = launch_grpo_update(v0, tmp_path / "traj1.parquet", tmp_path / "adv1.parquet", cfg, tmp_path / "v1",
-                           timeout=300)
+    with TrainerWorker(v0, cfg, start_timeout=300) as w:
+        pq.write_table(adv.slice(0, 6), tmp_path / "short.parquet")
+        with pytest.raises(BadBatchError, match=r"g0-s1-6, g0-s1-7"):
+            w.update(tmp_path / "traj1.parquet", tmp_path / "short.parquet", tmp_path / "v2", timeout=300)
+        assert not (tmp_path / "v2").exists()
+        m = w.update(tmp_path / "traj1.parquet", tmp_path / "adv1.parquet", tmp_path / "v1", timeout=300)
     assert m["world_size"] == 1 and m["policy_version"] == 1 and (tmp_path / "v1" / "model.safetensors").exists()
-    pq.write_table(adv.slice(0, 6), tmp_path / "adv1.parquet")
-    with pytest.raises(BadBatchError, match=r"g0-s1-6, g0-s1-7"):
-        run_trainer("grpo", cli_args(tmp_path, v0, tmp_path / "v2", 1), num_ranks=1, timeout=300)
-    assert not (tmp_path / "v2").exists()
 
 
 @pytest.mark.gpu
@@ -118,9 +115,8 @@ def test_gpu_bf16_update(tmp_path, ranks):
     cfg = run_config(lr=1e-3)
     v0 = make_policy_dir(tmp_path / "v0")
     traj, adv = step_inputs(tmp_path, v0, cfg, 1)
-    cpu = grpo_update(v0, traj, adv, cfg, tmp_path / "cpu", precision="fp32")  # CUDA visible: runs on GPU 0 in fp32
-    gpu = run_trainer("grpo", cli_args(tmp_path, v0, tmp_path / "gpu", 1) + ["--precision", "bf16"],
-                      num_ranks=ranks, timeout=300)
+    cpu = grpo_step(v0, traj, adv, cfg, tmp_path / "cpu", precision="fp32")  # CUDA visible: runs on GPU 0 in fp32
+    gpu = worker_update(tmp_path, cfg, v0, tmp_path / "gpu", 1, num_ranks=ranks, precision="bf16")
     assert gpu["world_size"] == ranks
     assert gpu["loss"] == pytest.approx(cpu["loss"], rel=5e-2, abs=5e-3)
     assert gpu["grad_norm"] == pytest.approx(cpu["grad_norm"], rel=5e-2)

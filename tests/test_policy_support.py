@@ -86,8 +86,20 @@ def reward_table(traj, rewards):
 
 def completion_logprob(model, prompt: str, completion: str) -> float:
     """log pi(completion + EOS | prompt) under a plain model."""
-    from tasks.policy.trainer import policy_logprobs
+    from tasks.policy.runtime import policy_logprobs
 
     tokens, mask = episode(prompt, completion)
     lp = policy_logprobs(model, [tokens])[0]
     return float(sum(lp[t - 1] for t in range(1, len(tokens)) if mask[t]))
+
+
+def grpo_step(model_dir, trajectories, advantages, cfg, out_dir, *, optimizer_steps=None, reference_dir=None,
+              policy_version=None, keep_optimizer_state=True, precision=None) -> dict:
+    """One GRPO update in this process: what the trainer worker serves (a fresh PolicyTrainer each call)."""
+    from tasks.policy.grpo import PolicyTrainer
+
+    trainer = PolicyTrainer(model_dir, cfg, reference_dir=reference_dir, keep_optimizer_state=keep_optimizer_state,
+                            precision=precision)
+    samples, masked = trainer.prepare(trajectories, advantages)
+    return trainer.update(samples, masked, out_dir, optimizer_steps=optimizer_steps, policy_version=policy_version,
+                          save_optimizer=keep_optimizer_state)

@@ -10,16 +10,12 @@ from safetensors.torch import load_file, save_file
 from tasks.grpo import compute_advantages
 from tasks.grpo.advantages import JoinError
 from tasks.policy.checkpoint import OPTIMIZER_FILE, load_policy, read_policy_version
-from tasks.policy.trainer import (
-    BadBatchError,
-    UpdateAborted,
-    grpo_update,
-    plan_micro_batches,
-    policy_logprobs,
-    sft_train,
-)
+from tasks.policy.batch import BadBatchError, plan_micro_batches
+from tasks.policy.runtime import UpdateAborted, policy_logprobs
+from tasks.policy.sft import sft_train
 from tests.test_policy_support import (
     OFFSET,
+    grpo_step,
     completion_logprob,
     episode,
     make_policy_dir,
@@ -49,7 +45,7 @@ def test_grpo_moves_probability_toward_rewarded_completion(tmp_path, favoured, o
     for step in range(1, 4):
         rewards = [1.0 if c == favoured else 0.0 for _, c in GROUP]
         traj, adv = rollouts(cur, GROUP, rewards, cfg, step=step)
-        metrics = grpo_update(cur, traj, adv, cfg, tmp_path / f"v{step}")
+        metrics = grpo_step(cur, traj, adv, cfg, tmp_path / f"v{step}")
         assert metrics["policy_version"] == step and metrics["optimizer_resumed"] == (step > 1)
         assert metrics["is_oob_ratio"] == 0.0  # logprobs came from this very policy
         cur = tmp_path / f"v{step}"
@@ -70,11 +66,11 @@ def test_update_uses_the_rollouts_sampling_temperature(tmp_path):
     ids = [episode(p, c)[0] for p, c in GROUP]
     rewards = [1, 0, 1, 0, 1, 0, 1, 1]
     tempered = trajectory_rows(GROUP, logprobs=policy_logprobs(model, ids, temperature=0.5))
-    m = grpo_update(src, tempered, compute_advantages(tempered, reward_table(tempered, rewards), cfg.grpo),
+    m = grpo_step(src, tempered, compute_advantages(tempered, reward_table(tempered, rewards), cfg.grpo),
                     cfg, tmp_path / "v1")
     assert m["is_oob_ratio"] == 0.0 and m["sampling_importance_ratio"] == pytest.approx(1.0, abs=1e-5)
     raw = trajectory_rows(GROUP, logprobs=policy_logprobs(model, ids))
-    m = grpo_update(src, raw, compute_advantages(raw, reward_table(raw, rewards), cfg.grpo), cfg, tmp_path / "v1b")
+    m = grpo_step(src, raw, compute_advantages(raw, reward_table(raw, rewards), cfg.grpo), cfg, tmp_path / "v1b")
     assert m["is_oob_ratio"] > 0.5
 
 
@@ -82,7 +78,7 @@ def test_metrics_and_router_frozen(tmp_path):
     cfg = run_config()
     src = make_policy_dir(tmp_path / "v0")
     traj, adv = rollouts(src, GROUP, [1, 0, 1, 0, 1, 0, 1, 1], cfg)
-    m = grpo_update(src, traj, adv, cfg, tmp_path / "v1")
+    m = grpo_step(src, traj, adv, cfg, tmp_path / "v1")
     for k in ("loss", "clip_fraction_low", "clip_fraction_high", "kl_penalty", "is_oob_ratio", "grad_norm",
               "tokens", "valid_tokens", "seconds", "tokens_per_second", "approx_entropy", "sampling_importance_ratio"):
         assert k in m, k
@@ -99,7 +95,7 @@ def test_two_optimizer_steps_use_prev_logprobs(tmp_path):
     cfg = run_config(lr=3e-3)
     src = make_policy_dir(tmp_path / "v0")
     traj, adv = rollouts(src, GROUP, [1, 1, 1, 1, 0, 0, 0, 0], cfg)
-    m = grpo_update(src, traj, adv, cfg, tmp_path / "v1", optimizer_steps=2)
+    m = grpo_step(src, traj, adv, cfg, tmp_path / "v1", optimizer_steps=2)
     assert m["optimizer_steps"] == 2 and len(m["per_step"]) == 2
     first, second = m["per_step"]
     assert first["probs_ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["probs_ratio_max"] == pytest.approx(1.0, abs=1e-5)
@@ -112,9 +108,9 @@ def test_train_global_batch_size_sets_the_optimizer_steps(tmp_path):
     cfg = run_config(lr=1e-3)
     src = make_policy_dir(tmp_path / "v0")
     traj, adv = rollouts(src, GROUP, [1, 1, 0, 0, 1, 0, 1, 0], cfg)
-    assert grpo_update(src, traj, adv, cfg, tmp_path / "v1")["optimizer_steps"] == 1  # unset: the reference's one
+    assert grpo_step(src, traj, adv, cfg, tmp_path / "v1")["optimizer_steps"] == 1  # unset: the reference's one
     cfg.optimizer.train_global_batch_size = 3
-    m = grpo_update(src, traj, adv, cfg, tmp_path / "v1b")
+    m = grpo_step(src, traj, adv, cfg, tmp_path / "v1b")
     assert m["optimizer_steps"] == 3 and [s["num_samples"] for s in m["per_step"]] == [3, 3, 2]
 
 
@@ -123,11 +119,11 @@ def test_kl_penalty_against_reference(tmp_path):
     src = make_policy_dir(tmp_path / "v0")
     traj, adv = rollouts(src, GROUP, [1, 0, 0, 0, 1, 0, 0, 0], cfg)
     with pytest.raises(ValueError, match="reference"):
-        grpo_update(src, traj, adv, cfg, tmp_path / "nope")
-    m1 = grpo_update(src, traj, adv, cfg, tmp_path / "v1", reference_dir=src)
+        grpo_step(src, traj, adv, cfg, tmp_path / "nope")
+    m1 = grpo_step(src, traj, adv, cfg, tmp_path / "v1", reference_dir=src)
     assert m1["kl_penalty"] == pytest.approx(0.0, abs=1e-7)  # the policy is the reference
     traj, adv = rollouts(tmp_path / "v1", GROUP, [1, 0, 0, 0, 1, 0, 0, 0], cfg, step=2)
-    m2 = grpo_update(tmp_path / "v1", traj, adv, cfg, tmp_path / "v2", reference_dir=src)
+    m2 = grpo_step(tmp_path / "v1", traj, adv, cfg, tmp_path / "v2", reference_dir=src)
     assert m2["kl_penalty"] > 0
 
 
@@ -139,11 +135,11 @@ def test_masked_samples_are_left_out(tmp_path):
                             pa.array([True] * 3 + [False] * 5))
     masked = masked.set_column(masked.schema.get_field_index("mask_reason"), "mask_reason",
                                pa.array(["timeout"] * 3 + [None] * 5))
-    m = grpo_update(src, traj, masked, cfg, tmp_path / "v1")
+    m = grpo_step(src, traj, masked, cfg, tmp_path / "v1")
     assert m["num_masked_samples"] == 3 and m["num_valid_samples"] == 5
     everything = masked.set_column(masked.schema.get_field_index("masked"), "masked",
                                    pa.array([True] * 8))
-    m = grpo_update(src, traj, everything, cfg, tmp_path / "v2")
+    m = grpo_step(src, traj, everything, cfg, tmp_path / "v2")
     assert m["skipped"] and m["num_masked_samples"] == 8
     a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "v2" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -163,25 +159,25 @@ def test_bad_input_names_rollouts_and_writes_nothing(tmp_path):
     rows = _rows(traj)
     rows[2]["loss_mask"] = rows[2]["loss_mask"][:-1]
     with pytest.raises(BadBatchError, match=r"differ in length.*g0-s1-2"):
-        grpo_update(src, rows, adv, cfg, out)
+        grpo_step(src, rows, adv, cfg, out)
 
     rows = _rows(traj)
     rows[5]["generation_logprobs"][-1] = float("nan")
     rows[6]["generation_logprobs"][-2] = float("inf")
     with pytest.raises(BadBatchError, match=r"not finite.*g0-s1-5, g0-s1-6"):
-        grpo_update(src, rows, adv, cfg, out)
+        grpo_step(src, rows, adv, cfg, out)
 
     rows = _rows(traj)
     rows[1]["token_ids"][3] = 10_000
     with pytest.raises(BadBatchError, match=r"outside the vocabulary.*g0-s1-1"):
-        grpo_update(src, rows, adv, cfg, out)
+        grpo_step(src, rows, adv, cfg, out)
 
     with pytest.raises(JoinError, match=r"g0-s1-7"):
-        grpo_update(src, traj, adv.slice(0, 7), cfg, out)
+        grpo_step(src, traj, adv.slice(0, 7), cfg, out)
     adv_rows = adv.to_pylist()
     adv_rows[0]["rollout_id"] = "stranger"
     with pytest.raises(JoinError, match=r"stranger"):
-        grpo_update(src, traj, adv_rows, cfg, out)
+        grpo_step(src, traj, adv_rows, cfg, out)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["v0"]
 
 
@@ -196,7 +192,7 @@ def test_nan_loss_aborts_naming_the_micro_batch(tmp_path):
     weights["model.embed_tokens.weight"][ord("5") + OFFSET] = float("nan")
     save_file(weights, str(src / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(UpdateAborted, match=r"non-finite loss in micro-batch 3 of 4 \(rank 0: g0-s1-3\)"):
-        grpo_update(src, traj, adv, cfg, tmp_path / "v1")
+        grpo_step(src, traj, adv, cfg, tmp_path / "v1")
     assert not (tmp_path / "v1").exists()
 
 
@@ -261,7 +257,7 @@ def test_sft_micro_batches_change_speed_not_the_update(tmp_path):
 
 
 def test_sft_cosine_decay_follows_whichever_limit_ends_the_run_first():
-    from tasks.policy.trainer import sft_lr
+    from tasks.policy.sft import sft_lr
 
     assert sft_lr(1e-3, False, 900, 960, 2000.0, 40.0) == 1e-3
     assert sft_lr(1e-3, True, 0, 960, 0.0, 40.0) == pytest.approx(1e-3)
@@ -277,7 +273,7 @@ def test_sft_cosine_decay_follows_whichever_limit_ends_the_run_first():
 
 
 def test_nan_gradient_aborts_naming_the_micro_batch(tmp_path, monkeypatch):
-    from tasks.policy import trainer
+    from tasks.policy import grpo as trainer
 
     cfg = run_config(micro_batch_tokens=64)
     src = make_policy_dir(tmp_path / "v0")
@@ -294,5 +290,5 @@ def test_nan_gradient_aborts_naming_the_micro_batch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trainer, "token_logprobs", poisoned)
     with pytest.raises(UpdateAborted, match=r"non-finite gradient in micro-batch 1 of 3 \(rank 0: g0-s1-0\)"):
-        grpo_update(src, traj, adv, cfg, tmp_path / "v1")
+        grpo_step(src, traj, adv, cfg, tmp_path / "v1")
     assert not (tmp_path / "v1").exists()

@@ -13,9 +13,11 @@ from safetensors.torch import load_file
 from tasks.grpo import compute_advantages
 from tasks.grpo.advantages import JoinError
 from tasks.policy import checkpoint as ckpt
-from tasks.policy.trainer import BadBatchError, PolicyTrainer, UpdateAborted, grpo_update, policy_logprobs
+from tasks.policy.batch import BadBatchError
+from tasks.policy.grpo import PolicyTrainer
+from tasks.policy.runtime import UpdateAborted, policy_logprobs
 from tasks.policy.worker import TrainerWorker, WorkerError, alive, serve
-from tests.test_policy_support import episode, make_policy_dir, reward_table, run_config, trajectory_rows
+from tests.test_policy_support import episode, grpo_step, make_policy_dir, reward_table, run_config, trajectory_rows
 
 EPISODES = [("Q: 1+1=", "2"), ("Q: 1+1=", "3"), ("Q: 1+1=", "two"), ("Q: 1+1=", "11"),
             ("Q: 2+2=", "4"), ("Q: 2+2=", "5"), ("Q: 2+2=", "four!"), ("Q: 2+2=", "22")]
@@ -129,7 +131,7 @@ def test_worker_matches_one_shot_and_survives_errors(tmp_path):
         for step in (1, 2, 3):
             if step > 1:  # the next step's rollouts come from the policy the previous one made
                 files[step] = step_files(tmp_path, one / f"v{step - 1}", cfg, step)
-            ref = grpo_update(one / f"v{step - 1}" if step > 1 else v0, *map(pq.read_table, files[step]), cfg,
+            ref = grpo_step(one / f"v{step - 1}" if step > 1 else v0, *map(pq.read_table, files[step]), cfg,
                               one / f"v{step}")
             # Step 1 keeps AdamW only in memory (step 2 must carry it); step 3's is written by stop().
             got = worker.update(*files[step], w / f"v{step}", policy_version=step, save_optimizer=step == 2)
@@ -173,10 +175,10 @@ def test_two_ranks_match_one_rank_and_leave_no_processes(tmp_path):
     cfg = run_config(lr=1e-3, micro_batch_tokens=64)
     v0 = make_policy_dir(tmp_path / "v0")
     t1, a1 = step_files(tmp_path, v0, cfg, 1)
-    one1 = grpo_update(v0, pq.read_table(t1), pq.read_table(a1), cfg, tmp_path / "one1")
+    one1 = grpo_step(v0, pq.read_table(t1), pq.read_table(a1), cfg, tmp_path / "one1")
     poisoned = step_files(tmp_path, tmp_path / "one1", cfg, 2, poison=True)
     t2, a2 = step_files(tmp_path, tmp_path / "one1", cfg, 2)
-    one2 = grpo_update(tmp_path / "one1", pq.read_table(t2), pq.read_table(a2), cfg, tmp_path / "one2")
+    one2 = grpo_step(tmp_path / "one1", pq.read_table(t2), pq.read_table(a2), cfg, tmp_path / "one2")
     worker = TrainerWorker(v0, cfg, num_ranks=2, log_path=tmp_path / "worker.log")
     with pytest.raises(KeyboardInterrupt):
         with worker:

@@ -1,21 +1,22 @@
-"""Persistent trainer worker: load the policy and its AdamW state once, then serve GRPO updates.
+"""The trainer worker: the one process (or torchrun job) that trains the policy, and its client.
 
-A one-shot trainer launch (`tasks.policy.trainer`) pays process start, imports, model
-and optimizer load every step; for a tiny model that is most of the step. The worker
-keeps them in memory between steps and still saves every new checkpoint dir (vLLM
-reloads weights from it; the run resumes from it).
+A `grpo` worker loads the policy and its AdamW state once and serves GRPO updates
+(grpo.py: PolicyTrainer), saving every new checkpoint dir (vLLM reloads weights from it;
+the run resumes from it). An `sft` worker runs warm-start requests (sft.py).
 
-    python -m tasks.policy.worker --model DIR --config run.json [--reference DIR] [--precision fp32|bf16]
+    python -m tasks.policy.worker --mode grpo|sft --model DIR --config run.json [--reference DIR] [--precision fp32|bf16]
     torchrun --standalone --nproc_per_node 2 -m tasks.policy.worker ...
 
 Protocol, one JSON object per line. Rank 0 reads requests on stdin and broadcasts each
-to the other ranks; every rank runs it; rank 0 answers one line on stdout. Nothing else
-goes to stdout: the worker points its stdout at stderr (the log) and keeps a private
-copy of the original for replies.
+to the other ranks; every rank runs it; rank 0 answers on stdout. Nothing else goes to
+stdout: the worker points its stdout at stderr (the log) and keeps a private copy of the
+original for replies.
 
     <- {"ok": true, "op": "ready", "policy_version": k, "world_size": n, ...}     once loaded
     -> {"op": "grpo", "trajectories": PATH, "advantages": PATH, "out": DIR,
         "policy_version": k (default: current + 1), "optimizer_steps": 1, "save_optimizer": true}
+    -> {"op": "sft", "demonstrations": PATH, "out": DIR, "max_steps": n, "policy_version": 0}
+    <- {"op": "progress", "text": "..."}      (sft, any number, before the answer)
     <- {"ok": true, "metrics": {...}}
     <- {"ok": false, "error_type": "BadBatchError" | "JoinError" | "UpdateAborted" | ..., "message": ...,
         "fatal": false}
@@ -50,7 +51,7 @@ from pathlib import Path
 
 from schemas.config import RunConfig
 
-OPS = {"grpo": ("trajectories", "advantages", "out"), "stop": ()}  # op -> required fields
+OPS = {"grpo": ("trajectories", "advantages", "out"), "sft": ("demonstrations", "out"), "stop": ()}  # op -> fields
 log = logging.getLogger(__name__)
 
 
@@ -89,7 +90,7 @@ def _read_request(inp, out) -> dict:
 def _handle_grpo(trainer, req: dict) -> dict:
     import pyarrow.parquet as pq
 
-    from tasks.policy.trainer import UpdateAborted, _all_reduce
+    from tasks.policy.runtime import UpdateAborted, all_reduce
 
     t0 = time.perf_counter()
     # Input phase: nothing in memory changes, so any error here is harmless.
@@ -104,7 +105,7 @@ def _handle_grpo(trainer, req: dict) -> dict:
         err = e
         print(f"[worker rank {trainer.rt.rank}] rejected: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     # Every rank must agree before the update's collectives (say, a file one rank cannot read).
-    if _all_reduce([float(err is not None)], "max")[0]:
+    if all_reduce([float(err is not None)], "max")[0]:
         if err is None:
             err = RuntimeError("the input failed on another rank (see the log)")
             return _error(err, "InputError")
@@ -122,13 +123,33 @@ def _handle_grpo(trainer, req: dict) -> dict:
     return {"ok": True, "metrics": metrics}
 
 
-def serve(trainer, inp, out) -> int:
-    """The request loop, on every rank (only rank 0 touches inp/out). Returns the exit code."""
+def _handle_sft(cfg: RunConfig, model_dir: str, precision: str | None, req: dict, out) -> dict:
+    import pyarrow.parquet as pq
+
+    from tasks.policy.runtime import init_runtime
+    from tasks.policy.sft import sft_train
+
+    main = init_runtime(precision).main
+    try:
+        metrics = sft_train(req.get("model") or model_dir, pq.read_table(req["demonstrations"]), cfg, req["out"],
+                            max_steps=req.get("max_steps"), policy_version=int(req.get("policy_version") or 0),
+                            precision=precision,
+                            progress=(lambda text: _reply(out, {"op": "progress", "text": text})) if main else None)
+    except Exception as e:  # nothing in memory outlives the request: the worker may go on
+        print(f"[worker] sft rejected: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return _error(e)
+    return {"ok": True, "metrics": metrics}
+
+
+def serve(trainer, inp, out, rt=None, handlers: dict | None = None) -> int:
+    """The request loop, on every rank (only rank 0 touches inp/out). Returns the exit code.
+    handlers: op -> fn(request) -> reply; default: GRPO updates of `trainer`."""
+    rt = rt or trainer.rt
+    handlers = handlers or {"grpo": lambda req: _handle_grpo(trainer, req)}
     import torch.distributed as dist
 
-    from tasks.policy.trainer import collective_device
+    from tasks.policy.runtime import collective_device
 
-    rt = trainer.rt
     while True:
         req = _read_request(inp, out) if rt.main else None
         if rt.world > 1:
@@ -136,14 +157,17 @@ def serve(trainer, inp, out) -> int:
             dist.broadcast_object_list(box, src=0, device=collective_device())
             req = box[0]
         if req["op"] == "stop":
-            saved = trainer.save_optimizer_state()  # an update that skipped optimizer.pt: write it now
+            saved = trainer.save_optimizer_state() if trainer is not None else False  # optimizer.pt an update skipped
             if rt.main:
                 _reply(out, {"ok": True, "op": "stop", "optimizer_saved": saved, "eof": bool(req.get("eof"))})
             return 0
-        reply = _handle_grpo(trainer, req)
+        if req["op"] in handlers:
+            reply = handlers[req["op"]](req)
+        else:
+            reply = _error(ValueError(f"this worker does not take {req['op']} requests"), "BadRequest")
         if rt.main:
             m = reply.get("metrics", {})
-            print(f"[worker] grpo -> {req['out']}: " + (
+            print(f"[worker] {req['op']} -> {req.get('out')}: " + (
                 f"v{m.get('policy_version')} loss {m.get('loss', float('nan')):.4g} in {m.get('seconds', 0):.2f} s"
                 if reply["ok"] else f"{reply['error_type']}: {reply['message']}"), file=sys.stderr, flush=True)
             _reply(out, reply)
@@ -164,6 +188,7 @@ def _die_with_launcher() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tasks.policy.worker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=["grpo", "sft"], default="grpo")
     p.add_argument("--model", required=True, help="checkpoint dir to start from")
     p.add_argument("--config", help="RunConfig as a JSON file (default: RunConfig())")
     p.add_argument("--reference", help="reference policy dir (needed for a KL penalty); kept in memory")
@@ -177,28 +202,42 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from tasks.policy.trainer import PolicyTrainer
+    from tasks.policy.grpo import PolicyTrainer
+    from tasks.policy.runtime import init_runtime
 
     hf_logging.disable_progress_bar()
     cfg = RunConfig.model_validate_json(Path(a.config).read_text()) if a.config else RunConfig()
     t0 = time.perf_counter()
+    trainer = None
     try:
-        trainer = PolicyTrainer(a.model, cfg, reference_dir=a.reference, keep_optimizer_state=not a.fresh_optimizer,
-                                precision=a.precision)
+        if a.mode == "grpo":
+            trainer = PolicyTrainer(a.model, cfg, reference_dir=a.reference,
+                                    keep_optimizer_state=not a.fresh_optimizer, precision=a.precision)
+        rt = trainer.rt if trainer is not None else init_runtime(a.precision)
     except Exception as e:
         if os.environ.get("RANK", "0") == "0":
             _reply(out, {**_error(e, fatal=True), "op": "ready"})
         raise
-    if trainer.rt.main:
-        _reply(out, {"ok": True, "op": "ready", "policy_version": trainer.version, "world_size": trainer.rt.world,
-                     "optimizer_resumed": bool(trainer.resumed), "load_seconds": time.perf_counter() - t0,
-                     "pid": os.getpid()})
-    code = serve(trainer, sys.stdin, out)
+    if rt.main:
+        _reply(out, {"ok": True, "op": "ready", "mode": a.mode, "world_size": rt.world, "pid": os.getpid(),
+                     "policy_version": trainer.version if trainer is not None else None,
+                     "optimizer_resumed": bool(trainer.resumed) if trainer is not None else False,
+                     "load_seconds": time.perf_counter() - t0})
+    sft = {"sft": lambda req: _handle_sft(cfg, a.model, a.precision, req, out)}
+    code = serve(trainer, sys.stdin, out, rt, None if trainer is not None else sft)
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
     return code
+
+
+def worker_command(args: list[str], num_ranks: int = 1) -> list[str]:
+    """The command line of a worker in `num_ranks` processes (torchrun when > 1)."""
+    cmd = ["-m", "tasks.policy.worker", *args]
+    if num_ranks > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_ranks}", *cmd]
+    return [sys.executable, *cmd]
 
 
 # ---------------------------------------------------------------------------- the client
@@ -280,7 +319,8 @@ class TrainerWorker:
 
     def __init__(self, model_dir, cfg: RunConfig, num_ranks: int | None = None, precision: str | None = None, *,
                  reference_dir=None, fresh_optimizer: bool = False, log_path=None, start_timeout: float = 600.0,
-                 env: dict | None = None):
+                 env: dict | None = None, mode: str = "grpo"):
+        self.mode = mode
         # Absolute paths: the worker runs in the repository root, not in the caller's directory.
         self.model_dir, self.cfg, self.precision = Path(model_dir).absolute(), cfg, precision
         self.num_ranks = num_ranks or cfg.optimizer.num_ranks
@@ -297,8 +337,6 @@ class TrainerWorker:
     # -- life cycle
 
     def start(self) -> TrainerWorker:
-        from tasks.policy.trainer import trainer_command
-
         if self.proc is not None:
             raise RuntimeError("worker already started")
         root = Path(__file__).resolve().parents[2]
@@ -309,7 +347,7 @@ class TrainerWorker:
             fd, name = tempfile.mkstemp(prefix="rlvr-trainer-worker-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        args = ["--model", str(self.model_dir), "--config", str(config)]
+        args = ["--mode", self.mode, "--model", str(self.model_dir), "--config", str(config)]
         args += ["--reference", str(self.reference_dir)] if self.reference_dir is not None else []
         args += ["--precision", self.precision] if self.precision else []
         args += ["--fresh-optimizer"] if self.fresh_optimizer else []
@@ -318,7 +356,7 @@ class TrainerWorker:
         with open(self.log_path, "ab") as logf:
             # A session of its own: a terminal's Ctrl-C reaches the client, which then stops the worker.
             self.proc = subprocess.Popen(
-                trainer_command(None, args, self.num_ranks, module="tasks.policy.worker"), cwd=root, env=env,
+                worker_command(args, self.num_ranks), cwd=root, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
         # Killed on garbage collection / interpreter exit if nobody stopped it.
         self._finalizer = weakref.finalize(self, _kill_tree, self.proc, 2.0)
@@ -388,10 +426,25 @@ class TrainerWorker:
                                "advantages": os.path.abspath(advantages_path), "out": os.path.abspath(out_dir),
                                "policy_version": policy_version, "optimizer_steps": optimizer_steps,
                                "save_optimizer": save_optimizer}, timeout, "update")
+        metrics = self._result(reply)
+        self.policy_version = metrics["policy_version"]
+        return metrics
+
+    def sft(self, demonstrations_path, out_dir, *, max_steps: int | None = None, policy_version: int = 0,
+            model_dir=None, timeout: float | None = None) -> dict:
+        """A warm start of `model_dir` (default: the worker's --model) on the demonstrations into `out_dir`
+        (an `sft` worker); its progress lines go to our stderr as they come. Returns its metrics."""
+        reply = self._request({"op": "sft", "demonstrations": os.path.abspath(demonstrations_path),
+                               "out": os.path.abspath(out_dir), "max_steps": max_steps, "policy_version": policy_version,
+                               "model": os.path.abspath(model_dir) if model_dir else None}, timeout, "warm start")
+        return self._result(reply)
+
+    def _result(self, reply: dict) -> dict:
+        """The metrics of a reply, or its error as BadBatchError / UpdateAborted / WorkerError (one format for all ops)."""
         if reply.get("ok"):
-            self.policy_version = reply["metrics"]["policy_version"]
             return reply["metrics"]
-        from tasks.policy.trainer import BadBatchError, UpdateAborted
+        from tasks.policy.batch import BadBatchError
+        from tasks.policy.runtime import UpdateAborted
 
         kind, msg = reply.get("error_type"), reply.get("message")
         if reply.get("fatal"):
@@ -438,10 +491,13 @@ class TrainerWorker:
                 raise WorkerError(f"trainer worker exited (code {code}) during {what}\n{self.log_tail()}")
             try:
                 msg = json.loads(line)
-                if isinstance(msg, dict) and "ok" in msg:
-                    return msg
             except ValueError:
-                pass
+                msg = None
+            if isinstance(msg, dict) and msg.get("op") == "progress":
+                print(msg.get("text", ""), file=sys.stderr, flush=True)
+                continue
+            if isinstance(msg, dict) and "ok" in msg:
+                return msg
             log.warning("trainer worker wrote a non-protocol line to stdout: %r", line[:200])
 
 

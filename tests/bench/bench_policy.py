@@ -1,19 +1,15 @@
 """Benchmark of the policy update (a script, not a test).
 
     python tests/bench/bench_policy.py [--repeats 3] [--seqs 16] [--min-len 1024] [--max-len 2048]
-    python tests/bench/bench_policy.py --what worker [--steps 6] [--ranks 1] [--seqs 64 --min-len 100 --max-len 200]
 
 A ~8M-parameter qwen3_moe, one GRPO update on `--seqs` random-token episodes of
-1-2k tokens, run as the flows run it (a subprocess; 1 rank, and 2 ranks under
+1-2k tokens, run as the flows run it (the trainer worker; 1 rank, and 2 ranks under
 torchrun with FSDP2/gloo). Reports medians of: update tokens/s, the overhead
 ratio against a plain single-process PyTorch loop computing the same loss
 (target <= 1.25x), peak RSS, and checkpoint save / load seconds.
 
-`--what worker`: per-step wall time, seen by the caller, of a chain of `--steps` GRPO
-updates (v0 -> v1 -> ...) on the same batch: a one-shot trainer subprocess per step
-(`launch_grpo_update`) vs the persistent worker (`TrainerWorker.update`), the worker's
-steps alternating between saving optimizer.pt and not. Medians of wall time, of the
-update itself, and of the overhead (wall - update: start, imports, loads, saves).
+Each trainer run is a trainer worker (tasks/policy/worker.py) started, given one update, stopped:
+`process seconds` is that whole life, `update seconds` the update itself.
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ def build_inputs(work: Path, seqs: int, min_len: int, max_len: int, seed: int = 
 
     from schemas.config import GRPOConfig, OptimizerConfig, RunConfig
     from tasks.grpo import compute_advantages
-    from tasks.policy.trainer import policy_logprobs
+    from tasks.policy.runtime import policy_logprobs
     from tests.test_policy_support import reward_table, trajectory_rows
 
     torch.manual_seed(seed)
@@ -85,7 +81,8 @@ def baseline(work: Path) -> dict:
 
     from schemas.config import RunConfig
     from tasks.policy.checkpoint import load_policy
-    from tasks.policy.trainer import peak_rss_mib, plan_micro_batches
+    from tasks.policy.batch import plan_micro_batches
+    from tasks.policy.runtime import peak_rss_mib
 
     cfg = RunConfig.model_validate_json((work / "run.json").read_text())
     g = cfg.grpo
@@ -146,68 +143,6 @@ def checkpoint_times(work: Path, repeats: int) -> dict:
     return {"load_seconds": statistics.median(loads), "save_seconds": statistics.median(saves)}
 
 
-def worker_comparison(work: Path, steps: int, ranks: int, env: dict) -> dict:
-    """Median per-step seconds: one-shot launch per step vs the persistent worker.
-
-    The two chains take turns step by step (the idle worker only waits on its stdin), so
-    both see the same background load on a shared machine.
-    """
-    from schemas.config import RunConfig
-    from tasks.policy.trainer import launch_grpo_update
-    from tasks.policy.worker import TrainerWorker
-
-    cfg = RunConfig.model_validate_json((work / "run.json").read_text())
-    cfg.optimizer.num_ranks = ranks
-    traj, adv = work / "traj.parquet", work / "adv.parquet"
-    saved = dict(os.environ)
-    os.environ.update(env)  # launch_grpo_update and the worker pass the environment on
-    rows: dict[str, list[dict]] = {"one-shot launch per step": [], "worker, optimizer.pt saved": [],
-                                   "worker, optimizer.pt not saved": []}
-    try:
-        t = time.perf_counter()
-        with TrainerWorker(work / "v0", cfg, num_ranks=ranks) as w:
-            start = time.perf_counter() - t
-            print(f"worker started in {start:.1f} s (log {w.log_path})", flush=True)
-            prev = work / "v0"
-            for k in range(1, steps + 1):
-                t = time.perf_counter()
-                m = launch_grpo_update(prev, traj, adv, cfg, work / f"once{k}")
-                one = {**m, "wall_seconds": time.perf_counter() - t}
-                rows["one-shot launch per step"].append(one)
-                prev = work / f"once{k}"
-                save_opt = k % 2 == 1
-                t = time.perf_counter()
-                m = w.update(traj, adv, work / f"worker{k}", save_optimizer=save_opt)
-                mine = {**m, "wall_seconds": time.perf_counter() - t}
-                rows[f"worker, optimizer.pt {'saved' if save_opt else 'not saved'}"].append(mine)
-                print(f"step {k}: one-shot {one['wall_seconds']:.2f} s (update {one['update_seconds']:.2f}), worker "
-                      f"{mine['wall_seconds']:.2f} s (update {mine['update_seconds']:.2f}, optimizer.pt "
-                      f"{'saved' if save_opt else 'not saved'})", flush=True)
-            t = time.perf_counter()
-        stop = time.perf_counter() - t
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    for rs in rows.values():
-        for r in rs:  # what is not the update itself: process start, imports, loads, saves
-            r["overhead_seconds"] = r["wall_seconds"] - r["update_seconds"]
-    keys = ("wall_seconds", "update_seconds", "overhead_seconds", "save_seconds", "load_seconds")
-    med = lambda rs, k: statistics.median(x[k] for x in rs) if rs else math.nan  # noqa: E731
-    out = {name: {k: med(rs, k) for k in keys} for name, rs in rows.items()}
-    out["worker_start_seconds"], out["worker_stop_seconds"] = start, stop
-    print(f"\nper-step medians, {steps} steps, {ranks} rank(s):")
-    print(f"{'':34s} {'wall s':>8s} {'update s':>9s} {'overhead s':>11s} {'save s':>7s} {'load s':>7s}")
-    for name in rows:
-        r = out[name]
-        print(f"{name:34s} {r['wall_seconds']:8.2f} {r['update_seconds']:9.2f} {r['overhead_seconds']:11.2f} "
-              f"{r['save_seconds']:7.2f} {r['load_seconds']:7.2f}")
-    a, b = out["one-shot launch per step"], out["worker, optimizer.pt saved"]
-    print(f"worker start-up {start:.1f} s (once), stop {stop:.1f} s; per step: "
-          f"{a['wall_seconds'] / b['wall_seconds']:.1f}x faster, {a['overhead_seconds'] - b['overhead_seconds']:.1f} s "
-          "of overhead saved (optimizer.pt saved every step)")
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -217,33 +152,21 @@ def main():
     ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the 1-process runs (default: torch's choice); "
                     "torchrun gives each of the 2 ranks 1 thread")
     ap.add_argument("--json-out", help="also write the results here")
-    ap.add_argument("--what", choices=["update", "worker", "all"], default="update",
-                    help="update: trainer vs plain loop (default); "
-                    "worker: one-shot launch per step vs persistent worker")
-    ap.add_argument("--steps", type=int, default=6, help="--what worker: GRPO steps per chain")
-    ap.add_argument("--ranks", type=int, default=1, help="--what worker: trainer ranks (torchrun when > 1)")
     ap.add_argument("--baseline-worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.baseline_worker:
         print(json.dumps(baseline(Path(a.baseline_worker))))
         return
 
-    from tasks.policy.trainer import run_trainer
+    from schemas.config import RunConfig
+    from tasks.policy.worker import TrainerWorker
 
     with tempfile.TemporaryDirectory(prefix="bench-policy-") as d:
         work = Path(d)
         params, tokens = build_inputs(work, a.seqs, a.min_len, a.max_len)
         print(f"model {params / 1e6:.1f}M params; batch {a.seqs} sequences, {tokens} tokens", flush=True)
         env = {**os.environ, **({"OMP_NUM_THREADS": str(a.threads)} if a.threads else {})}
-        if a.what in ("worker", "all"):
-            worker = worker_comparison(work, a.steps, a.ranks, env)
-            if a.what == "worker":
-                if a.json_out:
-                    Path(a.json_out).write_text(json.dumps({"params_m": params / 1e6, "tokens": tokens,
-                                                            "worker": worker}, indent=1))
-                return
-        args = lambda out: ["--model", str(work / "v0"), "--out", str(work / out), "--config", str(work / "run.json"),  # noqa: E731
-                            "--trajectories", str(work / "traj.parquet"), "--advantages", str(work / "adv.parquet")]
+        cfg = RunConfig.model_validate_json((work / "run.json").read_text())
         runs: dict[str, list[dict]] = {"plain PyTorch loop": [], "trainer 1 rank": [], "trainer 2 ranks (FSDP2 gloo)": []}
         for r in range(a.repeats):
             out = subprocess.run([sys.executable, __file__, "--baseline-worker", str(work)], capture_output=True,
@@ -251,7 +174,8 @@ def main():
             runs["plain PyTorch loop"].append(json.loads(out.stdout.strip().splitlines()[-1]))
             for ranks, name in ((1, "trainer 1 rank"), (2, "trainer 2 ranks (FSDP2 gloo)")):
                 t = time.perf_counter()
-                m = run_trainer("grpo", args(f"out{ranks}"), num_ranks=ranks, env=env if ranks == 1 else None)
+                with TrainerWorker(work / "v0", cfg, num_ranks=ranks, env=env if ranks == 1 else None) as w:
+                    m = w.update(work / "traj.parquet", work / "adv.parquet", work / f"out{ranks}")
                 m["process_seconds"] = time.perf_counter() - t
                 runs[name].append(m)
             print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(
@@ -261,8 +185,6 @@ def main():
     med = lambda rs, k: statistics.median(x[k] for x in rs if k in x)  # noqa: E731
     base = med(runs["plain PyTorch loop"], "update_seconds")
     results = {"params_m": params / 1e6, "tokens": tokens, "repeats": a.repeats, "checkpoint": ckpt}
-    if a.what == "all":
-        results["worker"] = worker
     print(f"\nmedians over {a.repeats} runs ({tokens} tokens per update, {params / 1e6:.1f}M params):")
     print(f"{'':32s} {'update s':>9s} {'tok/s':>8s} {'vs plain':>9s} {'peak RSS MiB':>13s} {'process s':>10s}")
     for name, rs in runs.items():

@@ -30,7 +30,9 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from schemas.presets import load_config  # noqa: E402
-from tasks.policy import trainer as tr  # noqa: E402
+from tasks.policy.batch import plan_micro_batches  # noqa: E402
+from tasks.policy.runtime import Runtime  # noqa: E402
+from tasks.policy.sft import sft_samples, sft_step  # noqa: E402
 
 
 def batches(samples, batch_size: int, steps: int, seed: int = 0):
@@ -50,12 +52,12 @@ def main() -> int:
                                           "grouped_mm/sdpa/3200,grouped_mm/sdpa/1600")
     a = ap.parse_args()
     cfg = load_config("mini")
-    samples = tr.sft_samples(pq.read_table(a.demonstrations), a.model_dir, cfg.sft.context_loss_weight)
+    samples = sft_samples(pq.read_table(a.demonstrations), a.model_dir, cfg.sft.context_loss_weight)
     data = batches(samples, cfg.sft.batch_size, a.steps)
     lengths = [len(s.tokens) for b in data for s in b]
     print(f"{len(samples)} demonstrations; batch {cfg.sft.batch_size}; tokens per sequence: median "
           f"{statistics.median(lengths):.0f}, max {max(lengths)}; torch threads {torch.get_num_threads()}")
-    rt = tr.Runtime(0, 1, torch.device("cpu"), False)
+    rt = Runtime(0, 1, torch.device("cpu"), False)
     models = {}
     for v in a.variants.split(","):
         experts, attn, _ = v.split("/")
@@ -70,12 +72,12 @@ def main() -> int:
     for r in range(a.rounds):
         for v, (model, params, opt) in models.items():
             for batch in data:
-                plan = tr.plan_micro_batches([len(s.tokens) for s in batch], 1, int(v.split("/")[2]))
+                plan = plan_micro_batches([len(s.tokens) for s in batch], 1, int(v.split("/")[2]))
                 if r == 0:
                     padded[v] = padded.get(v, 0) + sum(len(idx) * max(len(batch[i].tokens) for i in idx)
                                                        for (idx,) in plan)
                 t0 = time.perf_counter()
-                tr._optimizer_step(model, params, opt, batch, plan, rt, tr.sft_loss(batch), 1.0)
+                sft_step(model, params, opt, batch, plan, rt, 1.0)
                 times[v].append(time.perf_counter() - t0)
     tokens_per_step = real / len(data)
     base = statistics.median(times[next(iter(models))])
