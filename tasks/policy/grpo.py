@@ -66,6 +66,12 @@ class PolicyTrainer:
     def prepare(self, trajectories, advantages) -> tuple[list[Sample], int]:
         return prepare_samples(trajectories, advantages, self.vocab_size)
 
+    def grpo_step(self, trajectories, advantages, out_dir, **kw) -> dict:
+        """prepare + update, from tables."""
+        t0 = time.perf_counter()
+        samples, num_masked = self.prepare(trajectories, advantages)
+        return self.update(samples, num_masked, out_dir, t0=t0, **kw)
+
     def update(self, samples: list[Sample], num_masked: int, out_dir: str | os.PathLike, *,
                optimizer_steps: int | None = None, policy_version: int | None = None, save_optimizer: bool = True,
                t0: float | None = None) -> dict:
