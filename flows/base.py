@@ -100,7 +100,9 @@ def build_base(preset: str = "mini", overrides: dict | None = None, out: str | N
         f"({sum(f['bytes'] for f in manifest['files'].values()) / 1e6:.1f} MB)")
 
     # Measure what was shipped (the bf16 files), through the same checks and evaluation a run does.
-    eval_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(out_dir)})})
+    # Full sampling (no early stop), so the manifest carries pass@1 and pass^k too.
+    eval_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(out_dir)}),
+                                      "eval": cfg.eval.model_copy(update={"early_stop": False})})
     shipped = prepare_config(eval_cfg)
     run_id = base_eval_id(eval_cfg, shipped)
     ctx = RunContext(cfg=eval_cfg, store=store, run_id=run_id, workdir=work_root() / run_id,

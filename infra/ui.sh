@@ -62,7 +62,7 @@ start() {
 Prefect UI         $URL   (deployments: $URL/deployments)
 deployments        ${RLVR_UI_DEPLOYMENTS:-train, evaluate, prepare, reproducibility} ($( [ -n "${REPRO_BASELINE:-}" ] && echo "scheduled: rerun $REPRO_BASELINE every ${REPRO_INTERVAL:-604800} s" || echo "unscheduled: REPRO_BASELINE=<run id> make ui"))
 logs               $DIR/server.log, $DIR/serve.log
-store              ${RLVR_UI_STORE:-each preset's storage.root (override storage.root=... per run)}
+store              ${RLVR_UI_STORE:-storage.root of each preset (override storage.root=... per run)}
 runs from the CLI  export PREFECT_API_URL=$PREFECT_API_URL   (then make run / python -m flows.main shows up here)
 stop               make ui-stop
 
