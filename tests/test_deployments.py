@@ -93,3 +93,36 @@ def test_kubernetes_manifests_parse():
     for path in sorted((REPO / "infra/k8s").glob("*.yaml")):
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         assert docs and all("kind" in d and "apiVersion" in d for d in docs), path
+
+
+def test_kuberay_ray_cluster_template_renders():
+    """infra/k8s/ray-cluster.yaml: a KubeRay RayCluster of our pinned Ray, on the flow-run image, whose
+    sandbox nodes advertise the resource that cluster.sandbox_resources asks for."""
+    import typing
+
+    import yaml
+
+    from schemas.config import SandboxConfig
+
+    (doc,) = [d for d in yaml.safe_load_all((REPO / "infra/k8s/ray-cluster.yaml").read_text()) if d]
+    assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayCluster")
+    pinned = [line.split("==")[1].strip() for line in (REPO / "requirements.lock").read_text().splitlines()
+              if line.startswith("ray[default]==")]
+    assert pinned == [doc["spec"]["rayVersion"]], "rayVersion must be the Ray pinned in requirements.lock"
+    image = json.loads((REPO / "infra/k8s/base-job-template.json").read_text())[
+        "variables"]["properties"]["image"]["default"]
+    head, groups = doc["spec"]["headGroupSpec"], doc["spec"]["workerGroupSpecs"]
+    backends = typing.get_args(SandboxConfig.model_fields["backend"].annotation)
+    for group in [head, *groups]:
+        # KubeRay passes rayStartParams to `ray start` as strings; a number there is rejected.
+        assert all(isinstance(v, str) for v in group["rayStartParams"].values()), group["rayStartParams"]
+        pod = group["template"]["spec"]
+        assert {c["image"] for c in pod["containers"] + pod.get("initContainers", [])} == {image}
+        for c in pod["containers"]:
+            assert c["resources"]["limits"] == c["resources"]["requests"]
+    assert {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]} >= {6379, 10001}
+    for group in groups:
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+        custom = json.loads(json.loads(group["rayStartParams"]["resources"]))
+        assert custom and all(k in {f"sandbox_{b}" for b in backends} for k in custom), custom
+        assert float(group["rayStartParams"]["num-cpus"]) >= 1
