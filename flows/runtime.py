@@ -148,6 +148,9 @@ class RunContext:
         if self.cfg.inference.mode == "external":
             # Shared servers may hold anyone's weights: load ours (they must be able to read model_dir).
             self.loop.call(self.client.reload_weights(model_dir, version))
+        elif self.cfg.cluster.address:
+            # Episodes on other nodes stamp turns with the servers' own version: tell them which it is.
+            self.loop.call(self.client.record_version(version))
         if trainer:
             from tasks.policy.worker import TrainerWorker
 

@@ -238,6 +238,13 @@ def test_version_from_server_and_redraw_across_a_reload():
     assert asyncio.run(c.generate([1], 2)).policy_version == 0
 
 
+def test_record_version_tells_every_server():
+    fake = FakeVLLM()
+    asyncio.run(client(fake, urls=["http://a:1", "http://b:1"]).record_version(3))
+    assert sorted((h, p, b["new_version"]) for h, p, _, b in fake.calls) == [
+        ("a", "/update_weight_version", "3"), ("b", "/update_weight_version", "3")]
+
+
 def test_build_command_cpu_and_gpu(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')
     cpu = build_command(tmp_path, InferenceConfig(max_model_len=4096), 9000)

@@ -306,6 +306,12 @@ class PolicyClient:
         data = await self._request((base_url or self._endpoints[0].url).rstrip("/"), "GET", "/weight_info")
         return data.get("weight_version")
 
+    async def record_version(self, version: int) -> None:
+        """Record `version` on every server without reloading (a server just started on those
+        weights), so that clients with `version_from_server` read the right one."""
+        await asyncio.gather(*(self._request(ep.url, "POST", "/update_weight_version",
+                                             json={"new_version": str(version)}) for ep in self._endpoints))
+
     async def reload_weights(self, checkpoint_dir: str | os.PathLike, version: int, *,
                              pause_mode: str = "wait") -> None:
         """Load the HF checkpoint in `checkpoint_dir` (a directory the servers can
