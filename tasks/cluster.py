@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import signal
 import threading
 
 # Environment the driver's settings live in (cache folders, the vLLM python): workers get it too.
@@ -36,8 +37,12 @@ def connect(cluster) -> None:
         if ray.is_initialized():
             return
         env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV_PREFIXES)}
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
         # Workers' prints stay in the cluster's logs: the run's own progress lines stay readable.
         ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": env} if env else None)
+        if sigterm is not None:  # ray.init makes SIGTERM a bare sys.exit: keep the run's clean stop (flows/main.py)
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def _task_options(cluster, sandbox_backend: str, cpus: float) -> dict:
