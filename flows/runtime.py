@@ -105,8 +105,6 @@ class RunContext:
     loop: EventLoopThread | None = None
     policy_dir: pathlib.Path | None = None
     policy_version: int = 0
-    mlperf: object = None
-    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def split_ids(self, split: str) -> list[str]:
         return sorted(i for i, t in self.tasks.items() if t["split"] == split)
@@ -161,18 +159,6 @@ class RunContext:
         if self.loop is not None:
             self.loop.close()
             self.loop = None
-
-    def timed(self, stage: str):
-        ctx = self
-
-        class _T:
-            def __enter__(self):
-                self.t0 = time.monotonic()
-
-            def __exit__(self, *exc):
-                ctx.stage_seconds[stage] = ctx.stage_seconds.get(stage, 0.0) + time.monotonic() - self.t0
-
-        return _T()
 
 
 def load_tasks(store: Store, tasks_key: str) -> dict[str, dict]:

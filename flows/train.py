@@ -91,8 +91,6 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
     if resumed and not log_path.exists() and store.exists(log_key):
         log_path.write_bytes(store.get_bytes(log_key))
     mllog = RunLog(str(log_path), division="open", platform=f"{os.cpu_count()}-core CPU")
-    ctx.mlperf = mllog
-    status = "aborted"
     try:
         if not resumed:
             mllog.header(cfg)

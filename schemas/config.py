@@ -188,8 +188,9 @@ class GRPOConfig(_Strict):
     truncated_importance_sampling_ratio: float | None = 1.002
     token_level_loss: bool = True
     force_on_policy_ratio: bool = False
-    # Overlap: rollouts for step k+1 may be generated while step k trains.
+    # Overlap: rollouts for step k+1 may be generated while step k trains (needs max_trajectory_age >= 1).
     async_rollouts: bool = True
+    # Samples from a policy more than this many versions older than the one being updated are masked.
     max_trajectory_age: int = Field(1, ge=0)
 
     @property
@@ -197,10 +198,19 @@ class GRPOConfig(_Strict):
         return self.prompts_per_step * self.generations_per_prompt
 
     @model_validator(mode="after")
-    def _check_is_bounds(self):
+    def _check_loss_options(self):
+        """Pairings of loss options, checked once here (as NeMo-RL asserts them) instead of per call."""
         lo, hi = self.truncated_importance_sampling_ratio_min, self.truncated_importance_sampling_ratio
+        kind = self.truncated_importance_sampling_type
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"truncated_importance_sampling_ratio_min ({lo}) > ratio ({hi})")
+        if kind is not None and not self.use_importance_sampling_correction:
+            raise ValueError(f"truncated_importance_sampling_type={kind} needs use_importance_sampling_correction")
+        if kind is not None and (hi is None or (kind != "tis" and lo is None)):
+            raise ValueError(f"truncated_importance_sampling_type={kind} needs truncated_importance_sampling_ratio"
+                             + ("" if kind == "tis" else " and truncated_importance_sampling_ratio_min") + " set")
+        if self.ratio_clip_c is not None and self.ratio_clip_c <= 1:
+            raise ValueError(f"ratio_clip_c must be > 1, got {self.ratio_clip_c}")
         return self
 
 
