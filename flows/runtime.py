@@ -142,12 +142,14 @@ class RunContext:
             self.trainer = TrainerWorker(model_dir, self.cfg, num_ranks=self.cfg.optimizer.num_ranks,
                                          log_path=self.workdir / "logs" / "trainer.log").start()
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Stop the servers and the trainer; graceful=False (a run interrupted or failed) kills the
+        trainer at once instead of waiting for the update in progress, which nothing will commit."""
         for name in ("trainer", "server"):
             obj = getattr(self, name)
             if obj is not None:
                 try:
-                    obj.stop()
+                    obj.stop() if graceful or name != "trainer" else obj.kill()
                 except Exception as e:  # keep closing the rest
                     print(f"warning: stopping {name} failed: {e}", file=sys.stderr)
                 setattr(self, name, None)
