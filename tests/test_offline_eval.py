@@ -128,8 +128,11 @@ def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smok
     log = tmp_path / "mlperf.log"
     log.write_bytes(store.get_bytes(f"runs/{run_id}/mlperf.log"))
     ok, out = check(str(log))
+    # Target 0 here, so the checker's only complaint may be the benchmark's 0.69 accuracy target
+    # (its warning names the check; its one ERROR line is the verdict "FAILED").
     errors = [ln for ln in out.splitlines() if "ERROR" in ln]
-    assert ok or all("eval_accuracy" in e or "0.69" in e for e in errors), out[-3000:]
+    assert ok or ("Failed checks for eval_accuracy : v['value'] > 0.69" in out
+                  and all(e.rstrip().endswith("FAILED") or "eval_accuracy" in e or "0.69" in e for e in errors)), out[-3000:]
 
 
 @pytest.mark.slow
