@@ -325,6 +325,12 @@ class EvalConfig(_Strict):
     # offline: "concurrent" evaluates checkpoints as they land, beside training, and stops training
     # at the first that passes (max_steps is the budget); "after" trains to max_steps, then evaluates.
     offline_order: Literal["concurrent", "after"] = "concurrent"
+    # offline: which checkpoints to evaluate. "step_order": every one from start_step until the first
+    # that passes (the reference's way; the closed division's log needs one evaluation a step).
+    # "bisect" (after training only): the last checkpoint, then halving the gap between the latest
+    # failing and the earliest passing one; it reports a passing checkpoint whose predecessor fails
+    # in log2(steps) evaluations, not necessarily the earliest that would pass.
+    offline_search: Literal["step_order", "bisect"] = "step_order"
     # Draw a task's samples one at a time and stop at its first success (at most k): the pass@k
     # indicator has the same distribution as with k samples drawn, pass@1 is the first sample's
     # (both unbiased), pass^k is not measured. False: k samples of every task (the reference's way).
@@ -334,6 +340,9 @@ class EvalConfig(_Strict):
     def _samples_cover_k(self):
         if self.samples_per_task < self.k:
             raise ValueError(f"samples_per_task ({self.samples_per_task}) must be >= k ({self.k})")
+        if self.offline_search == "bisect" and (self.mode, self.offline_order) != ("offline", "after"):
+            raise ValueError("eval.offline_search=bisect needs the last checkpoint first: eval.mode=offline and "
+                             f"eval.offline_order=after (got {self.mode}, {self.offline_order})")
         if self.early_stop and self.samples_per_task != self.k:
             raise ValueError(f"eval.early_stop draws at most k samples: samples_per_task ({self.samples_per_task}) "
                              f"must equal k ({self.k})")

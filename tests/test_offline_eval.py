@@ -81,6 +81,49 @@ def test_early_stop_is_unbiased_on_a_bernoulli_simulator():
     assert sum(episodes) / len(episodes) < 0.75 * 251 * 4
 
 
+# -- which checkpoint next ------------------------------------------------------------------
+def _search(verdicts, start, last, search):
+    """Run next_checkpoint against fixed per-step verdicts; the steps it evaluated, and its answer."""
+    from flows.offline_eval import next_checkpoint
+
+    passed, order = {}, []
+    while (step := next_checkpoint(passed, start, last, search)) is not None:
+        assert step not in passed and start <= step <= last
+        order.append(step)
+        passed[step] = verdicts[step]
+    passing = [s for s, ok in passed.items() if ok]
+    return order, (min(passing) if passing else None)
+
+
+def test_step_order_evaluates_up_to_the_first_passing_checkpoint():
+    verdicts = {s: s >= 9 for s in range(4, 13)}
+    assert _search(verdicts, 4, 12, "step_order") == ([4, 5, 6, 7, 8, 9], 9)
+    assert _search({s: False for s in range(4, 8)}, 4, 7, "step_order") == ([4, 5, 6, 7], None)
+    from flows.offline_eval import next_checkpoint
+    assert next_checkpoint({4: False, 5: False}, 4, None, "step_order") == 6  # beside training: waits for 6
+
+
+def test_bisect_finds_the_boundary_in_log2_evaluations():
+    for first in range(4, 41):  # monotone verdicts: bisect finds the same checkpoint as step order
+        verdicts = {s: s >= first for s in range(4, 41)}
+        order, found = _search(verdicts, 4, 40, "bisect")
+        assert found == first and order[0] == 40 and len(order) <= 7, (first, order)
+        assert found == _search(verdicts, 4, 40, "step_order")[1]
+    assert _search({s: False for s in range(4, 41)}, 4, 40, "bisect") == ([40], None)  # the last fails: stop
+    # Not monotone: it reports a checkpoint that passed whose predecessor failed (never a failing one).
+    verdicts = {4: False, 5: True, 6: False, 7: False, 8: True, 9: True, 10: True}
+    order, found = _search(verdicts, 4, 10, "bisect")
+    assert verdicts[found] and not verdicts[found - 1] and found == 8, order
+    assert _search({4: True}, 4, 4, "bisect") == ([4], 4)
+
+
+def test_bisect_only_after_training():
+    from schemas.presets import ConfigError, load_config
+
+    with pytest.raises((ConfigError, ValueError), match="offline_search=bisect"):
+        load_config("mini", {"eval": {"offline_order": "concurrent", "offline_search": "bisect"}})
+
+
 # -- end to end on the smoke preset -----------------------------------------------------------
 def _run(run_id, overrides, env, timeout=1500):
     return subprocess.run(main_command(run_id, overrides), cwd=REPO, capture_output=True, text=True, env=env,
