@@ -19,7 +19,7 @@ base: setup
 	$(PY) -m flows.base --preset mini $(ARGS)
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 setup: venv vllm-venv system
 

@@ -85,13 +85,12 @@ def pass_at_k(ctx: RunContext, step: int, trajectories_key: str, rewards_key: st
 
 def evaluation(ctx: RunContext, step: int) -> dict:
     t0 = time.monotonic()
-    with ctx.timed("evaluation"):
-        if ctx.cfg.eval.early_stop:
-            traj, rew = eval_until_solved(ctx, step)
-        else:
-            traj = eval_rollouts(ctx, step)
-            rew = grading(ctx, step, traj, stage="eval_rewards")
-        row = pass_at_k(ctx, step, traj, rew, time.monotonic() - t0)
+    if ctx.cfg.eval.early_stop:
+        traj, rew = eval_until_solved(ctx, step)
+    else:
+        traj = eval_rollouts(ctx, step)
+        rew = grading(ctx, step, traj, stage="eval_rewards")
+    row = pass_at_k(ctx, step, traj, rew, time.monotonic() - t0)
     hat = f"pass^{row['k']} {row['pass_hat_k']:.3f}  " if row["pass_hat_k"] is not None else ""
     log(f"step {step} evaluation: pass@{row['k']} {row['pass_at_k']:.3f}  pass@1 {row['pass_at_1']:.3f}  {hat}"
         f"({row['num_tasks']} tasks, {row['num_samples']} samples, {row['num_masked']} masked, "

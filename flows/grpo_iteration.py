@@ -7,7 +7,6 @@ after a crash redoes only what is missing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -30,7 +29,7 @@ def training_batch_ids(ctx: RunContext, step: int) -> list[str]:
 
 
 async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], split: str, samples: int,
-                           stage: str) -> "pa.Table":
+                           stage: str):
     from tasks.rollout import RolloutSpec, collect
 
     sampling = ctx.cfg.agent.training if split == "train" else ctx.cfg.agent.validation
@@ -104,7 +103,8 @@ def advantages(ctx: RunContext, step: int, trajectories_key: str, rewards_key: s
     key = stage_key(ctx.run_id, step, "advantages")
     if ctx.store.is_committed(key):
         return key
-    table = compute_advantages(ctx.store.read_table(trajectories_key), ctx.store.read_table(rewards_key), ctx.cfg.grpo)
+    table = compute_advantages(ctx.store.read_table(trajectories_key), ctx.store.read_table(rewards_key), ctx.cfg.grpo,
+                               policy_version=ctx.policy_version)
     ctx.store.write_table(key, table, stage="advantages")
     s = summarize_advantages(table)
     log(f"step {step} advantages: {json.dumps(s, default=str)[:300]}")
@@ -166,8 +166,7 @@ def grpo_iteration(ctx: RunContext, step: int) -> dict:
 
     def timed(name, fn, *args):
         t0 = time.monotonic()
-        with ctx.timed(name):
-            out = fn(*args)
+        out = fn(*args)
         times[name] = times.get(name, 0.0) + time.monotonic() - t0
         ctx.store.put_json(times_key, times)
         return out

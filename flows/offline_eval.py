@@ -2,7 +2,8 @@
 
 From eval.start_step on, training commits a checkpoint after every step with the time its
 weights were updated (before the checkpoint was written). This flow evaluates them in step
-order on a vLLM server of its own, stops at the first whose pass@k reaches eval.target, and
+order on a vLLM server of its own, stops at the first whose pass@k reaches eval.target (or,
+with eval.offline_search="bisect" after training, searches from the last checkpoint back), and
 records the outcome in the store:
 
     runs/<id>/offline_eval.json     {"passed_step", "weight_update_end_unix", "evaluated": [...]}
@@ -48,56 +49,85 @@ def training_done(store, run_id: str) -> dict | None:
 
 
 def evaluated_rows(store, run_id: str, start: int) -> list[dict]:
-    """The committed offline evaluations from `start` on, in step order, up to the first gap."""
+    """The committed offline evaluations of the run's checkpoints from `start` on, in step order."""
     rows, step = [], start
-    while store.stage_committed(run_id, step, "eval_summary"):
-        rows.append(store.read_stage(run_id, step, "eval_summary").to_pylist()[0])
+    while checkpoint_commit(store, run_id, step) is not None:
+        if store.stage_committed(run_id, step, "eval_summary"):
+            rows.append(store.read_stage(run_id, step, "eval_summary").to_pylist()[0])
         step += 1
     return rows
 
 
+def next_checkpoint(passed: dict[int, bool], start: int, last: int | None, search: str) -> int | None:
+    """The checkpoint to evaluate next, given the verdicts so far (step -> reached the target), or
+    None when the search is over. `last` is the last trained step (None while training goes on)."""
+    passing = [s for s, ok in passed.items() if ok]
+    if search == "step_order":
+        if passing:
+            return None
+        step = start
+        while step in passed:
+            step += 1
+        return step if last is None or step <= last else None
+    # bisect: the last checkpoint, then the middle of (latest failing below the earliest passing, that one)
+    if not passing:
+        return last if last is not None and last >= start and last not in passed else None
+    hi = min(passing)
+    lo = max((s for s, ok in passed.items() if not ok and s < hi), default=start - 1)
+    return None if hi - lo == 1 else (lo + hi) // 2
+
+
 @flow(name="offline-evaluation")
 def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_id: str = "") -> dict:
-    """Evaluate run `run_id`'s checkpoints from eval.start_step in step order until one passes."""
+    """Evaluate run `run_id`'s checkpoints from eval.start_step (eval.offline_search decides which
+    and in what order) until the search settles on the first passing one or none."""
     from flows.evaluate import evaluation
     from flows.grpo_iteration import checkpoint_key
     from flows.prepare import prepare_run_context
 
     ctx, _ = prepare_run_context(preset, overrides, run_id, dataset_only=True)
     cfg, store = ctx.cfg, ctx.store
-    step, started = max(1, cfg.eval.start_step), False
+    start, search, started = max(1, cfg.eval.start_step), cfg.eval.offline_search, False
+    # Verdicts already committed (a resumed evaluation does not redo them).
+    passed = {r["step"]: r["pass_at_k"] >= cfg.eval.target for r in evaluated_rows(store, run_id, start)}
     evaluated = []
     try:
         while (done := outcome(store, run_id)) is None:
+            finished = training_done(store, run_id)
+            last = finished["last_step"] if finished else None
+            if search == "bisect" and last is None:
+                time.sleep(POLL_S)  # bisect starts from the last checkpoint
+                continue
+            step = next_checkpoint(passed, start, last, search)
+            if step is None:
+                if any(passed.values()):
+                    first = min(s for s, ok in passed.items() if ok)
+                    rec = checkpoint_commit(store, run_id, first)
+                    row = store.read_stage(run_id, first, "eval_summary").to_pylist()[0]
+                    done = {"passed_step": first, "weight_update_end_unix": rec.get("weight_update_end_unix"),
+                            "pass_at_k": row["pass_at_k"], "target": cfg.eval.target, "search": search}
+                    store.put_json(f"runs/{run_id}/offline_eval.json", done)
+                    log(f"offline evaluation: checkpoint {first} passes (pass@{row['k']} {row['pass_at_k']:.3f} >= "
+                        f"{cfg.eval.target}; {len(passed)} checkpoints evaluated, {search})")
+                break  # settled, or every checkpoint evaluated and none passed
             rec = checkpoint_commit(store, run_id, step)
             if rec is None:
-                finished = training_done(store, run_id)
-                if finished is not None and step > finished["last_step"]:
-                    break  # every checkpoint evaluated, none passed
-                time.sleep(POLL_S)
+                time.sleep(POLL_S)  # beside training: the checkpoint has not landed yet
                 continue
             local = ctx.workdir / "eval-policy" / f"step-{step:05d}"
-            if not store.stage_committed(run_id, step, "eval_summary"):
-                if not local.exists():
-                    store.get_dir(checkpoint_key(run_id, step), local)
-                if not started:
-                    ctx.start_policy(local, version=step, trainer=False)
-                    started = True
-                else:
-                    ctx.loop.call(ctx.client.reload_weights(local, step))
+            if not local.exists():
+                store.get_dir(checkpoint_key(run_id, step), local)
+            if not started:
+                ctx.start_policy(local, version=step, trainer=False)
+                started = True
+            else:
+                ctx.loop.call(ctx.client.reload_weights(local, step))
             t0 = time.time()
             row = evaluation(ctx, step)
+            passed[step] = row["pass_at_k"] >= cfg.eval.target
             evaluated.append({"step": step, "pass_at_k": row["pass_at_k"], "pass_at_1": row["pass_at_1"],
                               "eval_seconds": row["eval_seconds"], "num_samples": row["num_samples"],
                               "started_unix": t0, "weight_update_end_unix": rec.get("weight_update_end_unix")})
-            if row["pass_at_k"] >= cfg.eval.target:
-                done = {"passed_step": step, "weight_update_end_unix": rec.get("weight_update_end_unix"),
-                        "pass_at_k": row["pass_at_k"], "target": cfg.eval.target}
-                store.put_json(f"runs/{run_id}/offline_eval.json", done)
-                log(f"offline evaluation: checkpoint {step} passes (pass@{row['k']} {row['pass_at_k']:.3f} >= "
-                    f"{cfg.eval.target})")
-                break
-            step += 1
     finally:
         ctx.close()
     return {"outcome": done, "evaluated": evaluated}

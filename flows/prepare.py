@@ -67,7 +67,7 @@ def dataset(cfg: RunConfig, store: Store) -> str:
 
     t0 = time.monotonic()
     key = build_dataset(cfg.dataset, store, cfg.sandbox,
-                        progress=lambda what, total: Progress(what, total, "tasks", every_s=20))
+                        progress=lambda what, total: Progress(what, total, "gradings", every_s=20))
     log(f"prepare: tasks table {store.uri(key)} ({time.monotonic() - t0:.0f} s)")
     return key
 

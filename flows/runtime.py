@@ -106,8 +106,6 @@ class RunContext:
     loop: EventLoopThread | None = None
     policy_dir: pathlib.Path | None = None
     policy_version: int = 0
-    mlperf: object = None
-    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def split_ids(self, split: str) -> list[str]:
         return sorted(i for i, t in self.tasks.items() if t["split"] == split)
@@ -165,10 +163,12 @@ class RunContext:
                 print(f"warning: stopping vLLM server {server} failed: {e}", file=sys.stderr)
         self.servers, self.server = [], None
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Stop the trainer and the servers; graceful=False (a run interrupted or failed) kills the
+        trainer at once instead of waiting for the update in progress, which nothing will commit."""
         if self.trainer is not None:
             try:
-                self.trainer.stop()
+                self.trainer.stop() if graceful else self.trainer.kill()
             except Exception as e:  # keep closing the rest
                 print(f"warning: stopping trainer failed: {e}", file=sys.stderr)
             self.trainer = None
@@ -181,18 +181,6 @@ class RunContext:
         if self.loop is not None:
             self.loop.close()
             self.loop = None
-
-    def timed(self, stage: str):
-        ctx = self
-
-        class _T:
-            def __enter__(self):
-                self.t0 = time.monotonic()
-
-            def __exit__(self, *exc):
-                ctx.stage_seconds[stage] = ctx.stage_seconds.get(stage, 0.0) + time.monotonic() - self.t0
-
-        return _T()
 
 
 def load_tasks(store: Store, tasks_key: str) -> dict[str, dict]:

@@ -91,8 +91,7 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
     if resumed and not log_path.exists() and store.exists(log_key):
         log_path.write_bytes(store.get_bytes(log_key))
     mllog = RunLog(str(log_path), division="open", platform=f"{os.cpu_count()}-core CPU")
-    ctx.mlperf = mllog
-    status = "aborted"
+    evaluator = None
     try:
         if not resumed:
             mllog.header(cfg)
@@ -130,7 +129,6 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
             # The evaluation of the last trained step: already decided, or cut short by the crash.
             reached = evaluate_step(start_step - 1)
         finished = training_done(store, run_id) if offline else None
-        evaluator = None
         if offline and finished is None and cfg.eval.offline_order == "concurrent":
             evaluator = start_evaluator(preset, overrides, run_id, ctx.workdir)
         step = start_step
@@ -171,6 +169,9 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
         manifest.status = "succeeded" if reached else "target_not_reached"
     except BaseException:
         manifest.status = "failed"
+        ctx.close(graceful=False)  # Ctrl-C: the update in progress is not committed, so do not wait for it
+        if evaluator is not None and evaluator.poll() is None:
+            evaluator.terminate()  # its own session: a terminal's Ctrl-C does not reach it
         raise
     finally:
         mllog.close()

@@ -208,8 +208,9 @@ class GRPOConfig(_Strict):
     truncated_importance_sampling_ratio: float | None = 1.002
     token_level_loss: bool = True
     force_on_policy_ratio: bool = False
-    # Overlap: rollouts for step k+1 may be generated while step k trains.
+    # Overlap: rollouts for step k+1 may be generated while step k trains (needs max_trajectory_age >= 1).
     async_rollouts: bool = True
+    # Samples from a policy more than this many versions older than the one being updated are masked.
     max_trajectory_age: int = Field(1, ge=0)
 
     @property
@@ -217,10 +218,19 @@ class GRPOConfig(_Strict):
         return self.prompts_per_step * self.generations_per_prompt
 
     @model_validator(mode="after")
-    def _check_is_bounds(self):
+    def _check_loss_options(self):
+        """Pairings of loss options, checked once here (as NeMo-RL asserts them) instead of per call."""
         lo, hi = self.truncated_importance_sampling_ratio_min, self.truncated_importance_sampling_ratio
+        kind = self.truncated_importance_sampling_type
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"truncated_importance_sampling_ratio_min ({lo}) > ratio ({hi})")
+        if kind is not None and not self.use_importance_sampling_correction:
+            raise ValueError(f"truncated_importance_sampling_type={kind} needs use_importance_sampling_correction")
+        if kind is not None and (hi is None or (kind != "tis" and lo is None)):
+            raise ValueError(f"truncated_importance_sampling_type={kind} needs truncated_importance_sampling_ratio"
+                             + ("" if kind == "tis" else " and truncated_importance_sampling_ratio_min") + " set")
+        if self.ratio_clip_c is not None and self.ratio_clip_c <= 1:
+            raise ValueError(f"ratio_clip_c must be > 1, got {self.ratio_clip_c}")
         return self
 
 
@@ -335,6 +345,12 @@ class EvalConfig(_Strict):
     # offline: "concurrent" evaluates checkpoints as they land, beside training, and stops training
     # at the first that passes (max_steps is the budget); "after" trains to max_steps, then evaluates.
     offline_order: Literal["concurrent", "after"] = "concurrent"
+    # offline: which checkpoints to evaluate. "step_order": every one from start_step until the first
+    # that passes (the reference's way; the closed division's log needs one evaluation a step).
+    # "bisect" (after training only): the last checkpoint, then halving the gap between the latest
+    # failing and the earliest passing one; it reports a passing checkpoint whose predecessor fails
+    # in log2(steps) evaluations, not necessarily the earliest that would pass.
+    offline_search: Literal["step_order", "bisect"] = "step_order"
     # Draw a task's samples one at a time and stop at its first success (at most k): the pass@k
     # indicator has the same distribution as with k samples drawn, pass@1 is the first sample's
     # (both unbiased), pass^k is not measured. False: k samples of every task (the reference's way).
@@ -344,6 +360,9 @@ class EvalConfig(_Strict):
     def _samples_cover_k(self):
         if self.samples_per_task < self.k:
             raise ValueError(f"samples_per_task ({self.samples_per_task}) must be >= k ({self.k})")
+        if self.offline_search == "bisect" and (self.mode, self.offline_order) != ("offline", "after"):
+            raise ValueError("eval.offline_search=bisect needs the last checkpoint first: eval.mode=offline and "
+                             f"eval.offline_order=after (got {self.mode}, {self.offline_order})")
         if self.early_stop and self.samples_per_task != self.k:
             raise ValueError(f"eval.early_stop draws at most k samples: samples_per_task ({self.samples_per_task}) "
                              f"must equal k ({self.k})")

@@ -192,9 +192,12 @@ def rules_report(cfg, store, run_id: str) -> list[dict]:
     rule("validation set of 251 tasks, 65,536-token context, R2E-Gym tasks", not deviations(cfg),
          "; ".join(deviations(cfg)) or "as the benchmark defines them")
     first = first_eval_samples(gbs)
+    every = cfg.eval.offline_search == "step_order" if cfg.eval.mode == "offline" else cfg.eval.every_steps == 1
     rule("first evaluation at GBS * ceil(2.5 + 3840 / GBS) samples, then every step",
-         cfg.eval.start_step * gbs == first and (cfg.eval.mode == "offline" or cfg.eval.every_steps == 1),
-         f"first at {cfg.eval.start_step * gbs} samples (step {cfg.eval.start_step}), closed {first}")
+         cfg.eval.start_step * gbs == first and every,
+         f"first at {cfg.eval.start_step * gbs} samples (step {cfg.eval.start_step}), closed {first}; "
+         + (f"offline search {cfg.eval.offline_search}" if cfg.eval.mode == "offline"
+            else f"every {cfg.eval.every_steps} step(s)"))
     timeouts = {"agent.episode_timeout_s": (cfg.agent.episode_timeout_s, 1800),
                 "sandbox.test_timeout_s": (cfg.sandbox.test_timeout_s, 60),
                 "agent.command_timeout_s": (cfg.agent.command_timeout_s, 60)}

@@ -78,7 +78,10 @@ def stage_key(run_id: str, step: int | None, stage: str) -> str:
 
 
 def _stage_name(key: str) -> str:
-    return pathlib.PurePosixPath(key).name.removesuffix(".parquet")
+    """The stage a table key holds: its file name, less a part number (`trajectories_partial-00003`)."""
+    name = pathlib.PurePosixPath(key).name.removesuffix(".parquet")
+    stem, _, part = name.rpartition("-")
+    return stem if part.isdigit() and stem in SCHEMAS else name
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from schemas.config import GRPOConfig
 from schemas.tables import ADVANTAGES, REWARDS, TRAJECTORIES
 from tasks.grpo.advantages import (
     MASK_GRADING_INFRA_ERROR,
+    MASK_STALE,
     MASK_ZERO_VARIANCE,
     MASKED_FINISH_REASONS,
     JoinError,
@@ -16,9 +17,9 @@ from tasks.grpo.advantages import (
 )
 
 
-def traj_row(rid, group, finish="submitted"):
+def traj_row(rid, group, finish="submitted", version=2):
     return {
-        "rollout_id": rid, "run_id": "run", "step": 3, "policy_version": 2, "instance_id": f"task-{group}",
+        "rollout_id": rid, "run_id": "run", "step": 3, "policy_version": version, "instance_id": f"task-{group}",
         "group_id": group, "sample_index": 0, "split": "train", "messages": "[]",
         "token_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1], "generation_logprobs": [0.0, 0.0, -0.5, -0.1],
         "prompt_length": 2, "num_turns": 1, "num_generated_tokens": 2, "tool_errors": 0,
@@ -107,6 +108,19 @@ def test_masked_samples_leave_statistics_and_loss():
     assert s["num_masked"] == 4
     assert s["masked_by_reason"] == {"context_limit": 1, MASK_GRADING_INFRA_ERROR: 1, "rollout_infra_error": 1,
                                      "timeout": 1}
+
+
+def test_trajectories_older_than_max_trajectory_age_are_masked():
+    # Updating policy v3 with max_trajectory_age 1: v2 samples train, a v1 sample is stale.
+    rows = [traj_row(f"a{i}", "A", version=v) for i, v in enumerate([2, 2, 1, 3])]
+    t = TRAJECTORIES.validate(TRAJECTORIES.from_rows(rows))
+    w = REWARDS.validate(REWARDS.from_rows([reward_row(f"a{i}", "A", x) for i, x in enumerate([1.0, 0.0, 1.0, 0.0])]))
+    out = by_id(compute_advantages(t, w, GRPOConfig(max_trajectory_age=1), policy_version=3))
+    assert out["a2"]["masked"] and out["a2"]["mask_reason"] == MASK_STALE and out["a2"]["advantage"] == 0.0
+    assert not any(out[k]["masked"] for k in ("a0", "a1", "a3"))
+    assert out["a0"]["group_valid"] == 3
+    # Without the version (tables read back for inspection) nothing is judged stale.
+    assert not any(r["masked"] for r in compute_advantages(t, w, GRPOConfig(max_trajectory_age=1)).to_pylist())
 
 
 def test_single_valid_sample_gets_zero():

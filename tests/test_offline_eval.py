@@ -81,6 +81,49 @@ def test_early_stop_is_unbiased_on_a_bernoulli_simulator():
     assert sum(episodes) / len(episodes) < 0.75 * 251 * 4
 
 
+# -- which checkpoint next ------------------------------------------------------------------
+def _search(verdicts, start, last, search):
+    """Run next_checkpoint against fixed per-step verdicts; the steps it evaluated, and its answer."""
+    from flows.offline_eval import next_checkpoint
+
+    passed, order = {}, []
+    while (step := next_checkpoint(passed, start, last, search)) is not None:
+        assert step not in passed and start <= step <= last
+        order.append(step)
+        passed[step] = verdicts[step]
+    passing = [s for s, ok in passed.items() if ok]
+    return order, (min(passing) if passing else None)
+
+
+def test_step_order_evaluates_up_to_the_first_passing_checkpoint():
+    verdicts = {s: s >= 9 for s in range(4, 13)}
+    assert _search(verdicts, 4, 12, "step_order") == ([4, 5, 6, 7, 8, 9], 9)
+    assert _search({s: False for s in range(4, 8)}, 4, 7, "step_order") == ([4, 5, 6, 7], None)
+    from flows.offline_eval import next_checkpoint
+    assert next_checkpoint({4: False, 5: False}, 4, None, "step_order") == 6  # beside training: waits for 6
+
+
+def test_bisect_finds_the_boundary_in_log2_evaluations():
+    for first in range(4, 41):  # monotone verdicts: bisect finds the same checkpoint as step order
+        verdicts = {s: s >= first for s in range(4, 41)}
+        order, found = _search(verdicts, 4, 40, "bisect")
+        assert found == first and order[0] == 40 and len(order) <= 7, (first, order)
+        assert found == _search(verdicts, 4, 40, "step_order")[1]
+    assert _search({s: False for s in range(4, 41)}, 4, 40, "bisect") == ([40], None)  # the last fails: stop
+    # Not monotone: it reports a checkpoint that passed whose predecessor failed (never a failing one).
+    verdicts = {4: False, 5: True, 6: False, 7: False, 8: True, 9: True, 10: True}
+    order, found = _search(verdicts, 4, 10, "bisect")
+    assert verdicts[found] and not verdicts[found - 1] and found == 8, order
+    assert _search({4: True}, 4, 4, "bisect") == ([4], 4)
+
+
+def test_bisect_only_after_training():
+    from schemas.presets import ConfigError, load_config
+
+    with pytest.raises((ConfigError, ValueError), match="offline_search=bisect"):
+        load_config("mini", {"eval": {"offline_order": "concurrent", "offline_search": "bisect"}})
+
+
 # -- end to end on the smoke preset -----------------------------------------------------------
 def _run(run_id, overrides, env, timeout=1500):
     return subprocess.run(main_command(run_id, overrides), cwd=REPO, capture_output=True, text=True, env=env,
@@ -105,14 +148,15 @@ def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smok
 
     run_id = f"test-offline-{int(time.time())}"
     # Target 0: the first checkpoint passes (what the reference's own check of this path does too).
+    # A budget well past what the evaluator needs to start its server and pass checkpoint 1 on a loaded machine.
     overrides = _offline(smoke_server.base_url, **{"eval.target": 0.0, "eval.offline_order": "concurrent",
-                                                   "max_steps": 6})
+                                                   "max_steps": 30})
     proc = _run(run_id, overrides, flow_env(tmp_path))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "offline evaluator started" in proc.stdout and "checkpoint 1 passed" in proc.stdout
     store = Store(overrides["storage"]["root"])
     done = store.get_json(f"runs/{run_id}/training_done.json")
-    assert done["stopped_by"] == "a passing checkpoint" and done["last_step"] < 6  # training stopped early
+    assert done["stopped_by"] == "a passing checkpoint" and done["last_step"] < 30  # training stopped early
     assert store.get_json(f"runs/{run_id}/offline_eval.json")["passed_step"] == 1
     assert not store.stage_committed(run_id, 2, "eval_summary")  # in step order, stopped at the first pass
     first = store.get_json(f"runs/{run_id}/checkpoints/step-00001.commit")
@@ -127,8 +171,11 @@ def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smok
     log = tmp_path / "mlperf.log"
     log.write_bytes(store.get_bytes(f"runs/{run_id}/mlperf.log"))
     ok, out = check(str(log))
+    # Target 0 here, so the checker's only complaint may be the benchmark's 0.69 accuracy target
+    # (its warning names the check; its one ERROR line is the verdict "FAILED").
     errors = [ln for ln in out.splitlines() if "ERROR" in ln]
-    assert ok or all("eval_accuracy" in e or "0.69" in e for e in errors), out[-3000:]
+    assert ok or ("Failed checks for eval_accuracy : v['value'] > 0.69" in out
+                  and all(e.rstrip().endswith("FAILED") or "eval_accuracy" in e or "0.69" in e for e in errors)), out[-3000:]
 
 
 @pytest.mark.slow

@@ -26,6 +26,11 @@ def test_overrides_apply_with_types():
     (["agent.max_context_tokens=100000"], "exceeds inference.max_model_len"),
     (["grpo.prompts_per_step"], "not of the form"),
     (["agent.training.temperature=0"], "agent.training.temperature (0.0) must be > 0"),
+    # Loss-option pairings, checked once when the config is built (the loss no longer checks them).
+    (["grpo.use_importance_sampling_correction=false"], "needs use_importance_sampling_correction"),
+    (["grpo.truncated_importance_sampling_type=icepop", "grpo.truncated_importance_sampling_ratio_min=null"],
+     "needs truncated_importance_sampling_ratio and truncated_importance_sampling_ratio_min set"),
+    (["grpo.ratio_clip_c=1"], "ratio_clip_c must be > 1"),
 ])
 def test_invalid_values_fail_clearly(override, needle):
     with pytest.raises(ConfigError, match=None) as e:

@@ -219,7 +219,8 @@ def check_tasks(rows: list[dict], store, sandbox_cfg, progress=None, gold_runs: 
         items += [(f"verify-gold{k}/{iid}", "dataset-verify", 0, row, patch) for k in range(gold_runs)]
         items.append((f"verify-empty/{iid}", "dataset-verify", 0, row, ""))
     if items:
-        counter = progress("dataset: verifying gold patches and empty patches", len(items)) if progress else None
+        counter = (progress(f"dataset: verifying gold patches and empty patches of {len(patches)} tasks", len(items))
+                   if progress else None)
         by_iid = {row["instance_id"]: row for row in rows}
         # dedupe off: the gold patch runs gold_runs times (flaky tests fail one of them)
         for r in grade_rollouts(items, sandbox_cfg, store, dedupe=False, on_graded=counter).to_pylist():

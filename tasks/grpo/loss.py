@@ -111,8 +111,6 @@ def clipped_pg_loss(
     pg = torch.max(loss_unclipped, loss_clipped)
     if cfg.ratio_clip_c is not None:
         # Dual clip: with A < 0 a huge ratio could blow up the loss; cap it at |A| * c.
-        if cfg.ratio_clip_c <= 1:
-            raise ValueError(f"ratio_clip_c must be > 1, got {cfg.ratio_clip_c}")
         dual = -advantages * cfg.ratio_clip_c
         dual_active = (advantages < 0) & (dual < pg)
         pg = torch.where(advantages < 0, torch.min(pg, dual), pg)
@@ -120,11 +118,9 @@ def clipped_pg_loss(
     # --- importance sampling: the tokens came from vLLM's policy, not from pi_prev ---
     w = torch.exp(prev_logprobs - generation_logprobs).detach().nan_to_num(0.0, 0.0, 0.0)
     is_metrics = {}
-    if cfg.use_importance_sampling_correction and cfg.truncated_importance_sampling_type is not None:
+    if cfg.truncated_importance_sampling_type is not None:  # the config ensures the correction is on
         kind_is = cfg.truncated_importance_sampling_type
         lo, hi = cfg.truncated_importance_sampling_ratio_min, cfg.truncated_importance_sampling_ratio
-        if hi is None or (kind_is != "tis" and lo is None):
-            raise ValueError(f"{kind_is} needs truncated_importance_sampling_ratio(_min) set")
         if kind_is == "tis":  # clamp the weights
             lo = 0.0 if lo is None else lo
             is_metrics["is_oob_ratio"] = token_mean(((w > hi) | (w < lo)).to(w.dtype)).item()
@@ -133,14 +129,12 @@ def clipped_pg_loss(
             keep = (w >= lo) & (w <= hi)
             is_metrics["is_oob_ratio"] = token_mean((~keep).to(w.dtype)).item()
             w = torch.where(keep, w, torch.zeros_like(w))
-        elif kind_is == "seq-mask-tis":  # drop whole sequences by geometric-mean weight
+        else:  # seq-mask-tis: drop whole sequences by geometric-mean weight
             log_w = (prev_logprobs - generation_logprobs).nan_to_num(0.0, 0.0, 0.0)
             geo_mean = masked_mean(log_w, token_mask, dim=-1).exp().detach()
             keep = ((geo_mean >= lo) & (geo_mean <= hi)).to(w.dtype)
             is_metrics["is_oob_ratio"] = masked_mean(1.0 - keep, sample_mask, global_count=seqs).item()
             w = w * keep.unsqueeze(-1)
-        else:
-            raise ValueError(f"unknown truncated_importance_sampling_type {kind_is!r}")
     weight = w if cfg.use_importance_sampling_correction else torch.ones_like(w)
 
     actor_loss = reduce_like_loss(weight * pg)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import atexit
 import ctypes
 import errno
+import io
 import os
 import pathlib
 import posixpath
 import re
 import shutil
+import tarfile
 import threading
 import time
 from dataclasses import dataclass
@@ -127,26 +129,41 @@ class BaseSandbox:
     mode: str
 
     # -- to implement -------------------------------------------------------------------
-    def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
-            output_cap: int | None = None, env: dict[str, str] | None = None,
-            stdin: str | bytes | None = None) -> CommandResult:
-        """`/bin/sh -c cmd` in the sandbox (default timeout: cfg.command_timeout_s; output cap:
-        cfg.output_cap_bytes; stdin: bytes fed to the command, else /dev/null)."""
-        raise NotImplementedError
-
     def _exec(self, argv: list[str], timeout: float, cap: int, stdin: bytes | None = None,
               workdir: str = "/testbed", env: dict[str, str] | None = None) -> tuple[CommandResult, bytes]:
         """argv as the sandbox user, no shell; returns the result and its raw (capped) output."""
         raise NotImplementedError
 
-    def write_file(self, path: str, content: str | bytes) -> None:
-        raise NotImplementedError
-
-    def copy_tree_in(self, src: str | os.PathLike, dest: str) -> None:
-        raise NotImplementedError
-
     def _close(self) -> None:
         raise NotImplementedError
+
+    # -- commands and files, through _exec as the sandbox user (its permissions and symlinks) --
+    def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
+            output_cap: int | None = None, env: dict[str, str] | None = None,
+            stdin: str | bytes | None = None) -> CommandResult:
+        """`/bin/sh -c cmd` in the sandbox (default timeout: cfg.command_timeout_s; output cap:
+        cfg.output_cap_bytes; stdin: bytes fed to the command, else /dev/null)."""
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
+                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=abs_workdir(workdir), env=env)
+        return r
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", check_path(path)],
+                          60, 64 * 1024, stdin=data)
+        if r.exit_code != 0:
+            raise SandboxError(f"cannot write {path}: {r.output.strip()}")
+
+    def copy_tree_in(self, src: str | os.PathLike, dest: str) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for child in sorted(pathlib.Path(src).iterdir()):
+                tf.add(child, arcname=child.name)
+        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x --no-same-owner -f - -C "$1"', "sh",
+                           check_path(dest)], 120, 64 * 1024, stdin=buf.getvalue())
+        if r.exit_code != 0:
+            raise SandboxError(f"cannot copy {src} to {dest}: {r.output.strip()}")
 
     def host_testbed(self) -> pathlib.Path:
         """Where this sandbox's /testbed lies on the host (archive tasks): what a build in it made."""

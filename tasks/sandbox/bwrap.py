@@ -17,7 +17,6 @@ exits, the pid namespace's init exits and the kernel kills the rest.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pathlib
@@ -25,14 +24,13 @@ import selectors
 import shutil
 import signal
 import subprocess
-import tarfile
 import tempfile
 import threading
 import time
 
 from tasks.sandbox import image as image_mod
 from tasks.sandbox.base import (LOCAL_PATH, PRISTINE_GIT, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, abs_workdir, add_cpu_seconds, check_path, chown_tree, decode,
+                                SandboxInfraError, add_cpu_seconds, chown_tree, decode,
                                 mount_tmpfs, new_id, register, remove_tmpfs_dir, tree_bytes)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
@@ -285,29 +283,6 @@ class BwrapSandbox(BaseSandbox):
                         return timed_out
                     out.feed(chunk)
 
-    def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
-            output_cap: int | None = None, env: dict[str, str] | None = None,
-            stdin: str | bytes | None = None) -> CommandResult:
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
-                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=abs_workdir(workdir), env=env)
-        return r
-
-    # -- files (read_file: BaseSandbox) ---------------------------------------------------
-    def write_file(self, path: str, content: str | bytes) -> None:
-        data = content.encode() if isinstance(content, str) else content
-        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", check_path(path)],
-                          60, 64 * 1024, stdin=data)
-        if r.exit_code != 0:
-            raise SandboxError(f"cannot write {path}: {r.output.strip()}")
-
-    def copy_tree_in(self, src: str | os.PathLike, dest: str) -> None:
-        data = _tar_dir(pathlib.Path(src))
-        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x --no-same-owner -f - -C "$1"', "sh",
-                           check_path(dest)], 120, 64 * 1024, stdin=data)
-        if r.exit_code != 0:
-            raise SandboxError(f"cannot copy {src} to {dest}: {r.output.strip()}")
-
     def host_testbed(self) -> pathlib.Path:
         return self.work / "testbed"
 
@@ -356,14 +331,6 @@ def _read_status(fd: int) -> dict:
             except ValueError:
                 pass
     return status
-
-
-def _tar_dir(src: pathlib.Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for child in sorted(src.iterdir()):
-            tf.add(child, arcname=child.name)
-    return buf.getvalue()
 
 
 def _parents() -> list[pathlib.Path]:

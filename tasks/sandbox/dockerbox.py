@@ -24,20 +24,18 @@ clean as a new one. Image tasks run as root and are never reused.
 from __future__ import annotations
 
 import atexit
-import io
 import os
 import pathlib
 import select
 import shutil
 import socket
-import tarfile
 import tempfile
 import threading
 import time
 
 from tasks.sandbox.base import (DIFF_CAP_BYTES, LOCAL_PATH, PRISTINE_GIT, R2E_PATH, TRUSTED_GIT_ENV, BaseSandbox,
-                                CommandResult, OutputCap, SandboxError, SandboxInfraError, abs_workdir,
-                                add_cpu_seconds, check_path, chown_tree, decode, diff_script, mount_tmpfs, new_id,
+                                CommandResult, OutputCap, SandboxError, SandboxInfraError,
+                                add_cpu_seconds, chown_tree, decode, diff_script, mount_tmpfs, new_id,
                                 owner_pid, register, remove_tmpfs_dir, tree_bytes)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
@@ -379,14 +377,6 @@ class DockerSandbox(BaseSandbox):
         except Exception:
             self._discard = True
 
-    def run(self, cmd: str, timeout: float | None = None, *, workdir: str = "/testbed",
-            output_cap: int | None = None, env: dict[str, str] | None = None,
-            stdin: str | bytes | None = None) -> CommandResult:
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        r, _ = self._exec(["/bin/sh", "-c", cmd], timeout or self.cfg.command_timeout_s,
-                          output_cap or self.cfg.output_cap_bytes, stdin=data, workdir=abs_workdir(workdir), env=env)
-        return r
-
     def _run_diff(self) -> CommandResult:
         if not self.local:
             # R2E-Gym images run the agent as root: nothing there is out of its reach, so their git as before.
@@ -405,24 +395,6 @@ class DockerSandbox(BaseSandbox):
         finally:
             shutil.rmtree(d, ignore_errors=True)
         return r
-
-    # -- files (through the sandbox user, so permissions and symlinks are the sandbox's; read_file: base) --
-    def write_file(self, path: str, content: str | bytes) -> None:
-        data = content.encode() if isinstance(content, str) else content
-        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", check_path(path)],
-                          60, 64 * 1024, stdin=data)
-        if r.exit_code != 0:
-            raise SandboxError(f"cannot write {path}: {r.output.strip()}")
-
-    def copy_tree_in(self, src: str | os.PathLike, dest: str) -> None:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            for child in sorted(pathlib.Path(src).iterdir()):
-                tf.add(child, arcname=child.name)
-        r, _ = self._exec(["/bin/sh", "-c", 'mkdir -p -- "$1" && tar -x --no-same-owner -f - -C "$1"', "sh",
-                           check_path(dest)], 120, 64 * 1024, stdin=buf.getvalue())
-        if r.exit_code != 0:
-            raise SandboxError(f"cannot copy {src} to {dest}: {r.output.strip()}")
 
     def host_testbed(self) -> pathlib.Path:
         if not self.local:
