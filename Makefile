@@ -90,8 +90,9 @@ bench-seeds: setup
 bench-eval: setup
 	$(PY) tests/bench/bench_eval.py $(ARGS)
 
-# The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT) with the train / evaluate / prepare / reproducibility
-# deployments served (no work pool needed); REPRO_BASELINE=<run id> schedules reproducibility reruns.
+# The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT), the train / evaluate / prepare / reproducibility
+# deployments on the process work pool `rlvr` and a worker that runs them; REPRO_BASELINE=<run id>
+# schedules reproducibility reruns.
 .PHONY: ui ui-stop
 ui: venv
 	infra/ui.sh start
