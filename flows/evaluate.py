@@ -54,10 +54,11 @@ def eval_until_solved(ctx: RunContext, step: int) -> tuple[str, str]:
                        temperature=sampling.temperature, top_p=sampling.top_p)
     log(f"step {step} evaluation: start ({len(ids)} tasks, samples until the first success, at most "
         f"{ctx.cfg.eval.k}; policy v{ctx.client.version})")
-    progress = Progress(f"step {step} eval", len(ids) * ctx.cfg.eval.k, "samples at most", every_s=30)
+    # Counted in tasks decided (a success, or k samples): a task's sample count is unknown until then.
+    progress = Progress(f"step {step} eval", len(ids), "tasks decided", every_s=30)
     traj, rew = ctx.loop.call(sample_until_solved(
         [ctx.tasks[i] for i in ids], spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store, ctx.cfg.eval.k,
-        partial_key=stage_key(ctx.run_id, step, "eval_trajectories_partial"), on_sample=progress))
+        partial_key=stage_key(ctx.run_id, step, "eval_trajectories_partial"), on_task=progress))
     ctx.store.write_table(keys[0], traj, stage="eval_trajectories")
     ctx.store.write_table(keys[1], rew, stage="eval_rewards")
     return keys

@@ -124,7 +124,7 @@ def summarize_early_stop(samples: list[dict], k: int, task_ids: list[str] | None
 
 
 async def sample_until_solved(tasks: list[dict], spec, policy, tokenizer, cfg, store, k: int, *,
-                              partial_key: str | None = None, on_sample=None) -> tuple[pa.Table, pa.Table]:
+                              partial_key: str | None = None, on_task=None) -> tuple[pa.Table, pa.Table]:
     """For each task, episodes one after another, each graded as soon as it ends, until one succeeds
     or k valid samples are drawn (an infra failure is not a sample: another is drawn, at most 2k
     episodes). Tasks run side by side (cfg.agent.concurrency episodes, cfg.sandbox.concurrency
@@ -172,12 +172,12 @@ async def sample_until_solved(tasks: list[dict], spec, policy, tokenizer, cfg, s
                 done[rid], graded[rid] = row, rew
                 await reward_parts.add(rew)  # the reward first: a trajectory part without one is redone
                 await traj_parts.add(row)
-                if on_sample is not None:
-                    on_sample(row, rew)
             if rew["grading_status"] == "graded":
                 valid += 1
                 if rew["reward"] == 1.0 or valid == k:
-                    return
+                    break
+        if on_task is not None:
+            on_task(task)
 
     try:
         async with asyncio.TaskGroup() as group:

@@ -124,6 +124,51 @@ def test_bisect_only_after_training():
         load_config("mini", {"eval": {"offline_order": "concurrent", "offline_search": "bisect"}})
 
 
+def _offline_store(tmp_path, run_id, verdicts, last):
+    """A store with checkpoints 1..last (stamped) and committed evaluations of `verdicts` (step -> pass)."""
+    from flows.grpo_iteration import checkpoint_key
+    from tasks.evaluation import summary_table
+    from tasks.storage import Store
+
+    store = Store(f"file://{tmp_path}/store")
+    for s in range(1, last + 1):
+        store.put_json(checkpoint_key(run_id, s) + ".commit", {"weight_update_end_unix": 1_000_000.0 + 60 * s})
+    for i, (s, ok) in enumerate(verdicts.items()):  # committed in search order, so started_unix is not by step
+        store.write_stage(run_id, s, "eval_summary", summary_table([dict(
+            run_id=run_id, step=s, policy_version=s, k=4, pass_at_k=0.8 if ok else 0.5, pass_at_1=0.4, pass_hat_k=None,
+            num_tasks=251, num_samples=500, num_masked=0, samples_count=128 * s, eval_seconds=300.0,
+            procedure="early_stop", started_unix=2_000_000.0 + 400 * i)]))
+    store.put_json(f"runs/{run_id}/training_done.json", {"last_step": last, "at_unix": 1_001_000.0})
+    return store
+
+
+def test_offline_log_after_a_bisect_has_each_evaluation_once_in_step_order_and_the_right_run_stop(tmp_path):
+    from flows.offline_eval import evaluated_rows
+    from flows.train import log_offline_evaluations
+    from schemas.presets import load_config
+    from tasks.mlperf import RunLog
+
+    cfg = load_config("mini", {"eval": {"offline_order": "after", "offline_search": "bisect", "start_step": 1}})
+    store = _offline_store(tmp_path, "r", {6: True, 3: False, 4: True}, last=6)  # the order bisect evaluates them
+    assert [r["step"] for r in evaluated_rows(store, "r", 1)] == [3, 4, 6]
+    store.put_json("runs/r/offline_eval.json", {"passed_step": 4, "weight_update_end_unix": 1_000_240.0})
+    path = tmp_path / "mlperf.log"
+    log = RunLog(str(path))
+    assert log_offline_evaluations(log, store, cfg, "r", "") is True
+    events = [json.loads(ln[9:]) for ln in path.read_text().splitlines() if ln.startswith(":::MLLOG")]
+    evals = [(e["metadata"]["samples_count"], e["value"]) for e in events if e["key"] == "eval_accuracy"]
+    gbs = cfg.grpo.global_batch_size
+    assert evals == [(3 * gbs, 0.5), (4 * gbs, 0.8), (6 * gbs, 0.8)]
+    stop = events[-1]
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "success" and stop["time_ms"] == 1_000_240_000
+    # No checkpoint passed: run_stop is aborted at the last checkpoint's weight update.
+    store = _offline_store(tmp_path / "b", "r", {6: False}, last=6)
+    log = RunLog(str(tmp_path / "b.log"))
+    assert log_offline_evaluations(log, store, cfg, "r", "") is False
+    stop = json.loads((tmp_path / "b.log").read_text().splitlines()[-1][9:])
+    assert stop["metadata"]["status"] == "aborted" and stop["time_ms"] == 1_000_360_000
+
+
 # -- end to end on the smoke preset -----------------------------------------------------------
 def _run(run_id, overrides, env, timeout=1500):
     return subprocess.run(main_command(run_id, overrides), cwd=REPO, capture_output=True, text=True, env=env,
@@ -202,6 +247,7 @@ def test_sigkill_during_offline_evaluation_resumes_without_redoing_or_moving_the
     assert again.returncode == 1, again.stdout[-4000:] + again.stderr[-4000:]  # ran out of checkpoints
     assert store.get_bytes(f"runs/{run_id}/step-00001/eval_summary.parquet.commit") == first  # not redone
     assert store.stage_committed(run_id, 2, "eval_summary")
+    assert "step 2 eval: 8/8 tasks decided" in again.stdout  # progress in tasks, whose sample counts vary
     events = _log_events(store, run_id)
     keys = [e["key"] for e in events]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1 and keys.count("eval_accuracy") == 2
