@@ -37,8 +37,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval": {"k": 4, "samples_per_task": 4, "start_step": 1, "every_steps": 1, "mode": "inline"},
     },
     "mini": {
-        # The budget: offline evaluation follows training (eval.offline_order); from the shipped
-        # base one seed was at pass@4 0.685 after 20 steps (docs/history.md).
+        # The budget: offline evaluation follows training (eval.offline_order); docs/history.md
+        # has how far the shipped base got in how many steps.
         "max_steps": 30,
         # One short module per task, issues that name the function; a validation task may be another
         # instance of a trained function + bug family (docs/history.md: what the harder splits gave).
@@ -71,8 +71,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "habit_blind_edits": 0.5},
         # Offline (MLPerf v6.1): a checkpoint after every step from step 4 on, evaluated after training
         # (max_steps is the budget) by bisection from the last; each task's samples until its first
-        # success (the same pass@4, fewer episodes). On 2 cores an evaluator beside training tripled
-        # the step time and fell further behind each step (docs/history.md).
+        # success (the same pass@4, fewer episodes). An evaluator beside training shares these cores
+        # with it and falls behind (docs/history.md); give it its own hardware to run it concurrently.
         "eval": {"k": 4, "samples_per_task": 4, "start_step": 4, "mode": "offline", "offline_order": "after",
                  "offline_search": "bisect", "early_stop": True},
     },
