@@ -57,7 +57,8 @@ def print_summary(s: dict) -> None:
     print("\n==================== rlvr-flows: run summary ====================")
     print(f"run id            {s['run_id']}  ({s['status']}, {s['attempts']} attempt(s))")
     ttt = s.get("time_to_train_s")
-    print(f"time to train     {ttt / 60:.1f} min (MLPerf run_start..run_stop)" if ttt else "time to train     n/a")
+    clock = "MLPerf run_start..run_stop" + ("" if s["status"] == "succeeded" else ", the target not reached")
+    print(f"time to train     {ttt / 60:.1f} min ({clock})" if ttt else "time to train     n/a")
     print(f"steps             {s['steps']}")
     if s.get("base_pass_at_k") is not None:
         print(f"base checkpoint   pass@4 {s['base_pass_at_k']:.3f}  pass@1 {s['base_pass_at_1']:.3f}  (measured now)")
