@@ -2,9 +2,10 @@
 two vLLM CPU servers, and the two faults: a node lost mid-stage, a server killed mid-step.
 
 The end-to-end tests run the smoke preset through `python -m flows.main` with cluster.address set and
-both servers as external base URLs, and read the committed tables: every rollout id exactly once per
-step, the Ray node and the server of every row. They run in file order; the last one kills the
-module's second server.
+the servers as external base URLs, and read the committed tables: every rollout id exactly once per
+step, the Ray node and the server of every row. The node-loss run is one step on one server; the
+end-to-end run has two steps on both servers and kills the second server mid step 1 (the fixture's
+server is then gone: it is the module's last user).
 """
 
 from __future__ import annotations
@@ -161,37 +162,20 @@ def second_server(smoke_server, tmp_path_factory):
     server.stop()
 
 
-def _overrides(ray_cluster, servers) -> dict:
+def _overrides(ray_cluster, servers, **extra) -> dict:
+    # Two validation tasks: the in-process smoke test covers the full evaluation; here it is one more
+    # dispatch over the cluster, kept short.
     return smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [s.base_url for s in servers],
                               "cluster.address": ray_cluster.address, "cluster.episode_cpus": 0.25,
-                              "cluster.grading_cpus": 0.5})
+                              "cluster.grading_cpus": 0.5, "eval.max_tasks": 2, **extra})
 
 
 @pytest.mark.slow
-def test_smoke_run_on_two_nodes_with_two_servers(ray_cluster, smoke_server, second_server, tmp_path):
-    run_id = f"test-cluster-{int(time.time())}"
-    overrides = _overrides(ray_cluster, [smoke_server, second_server])
-    log = _run(run_id, overrides, tmp_path)
-    assert f"on the Ray cluster at {ray_cluster.address}" in log
-    cfg, store, steps = _tables(run_id, overrides)
-    nodes = set(ray_cluster.node_ids().values())
-    traj = [r for t, _ in steps.values() for r in t]
-    rew = [r for _, w in steps.values() for r in w]
-    assert {r["node"] for r in traj} == nodes and {r["node"] for r in rew} <= nodes
-    assert {u for r in traj for u in r["servers"] or []} == {smoke_server.base_url, second_server.base_url}
-    assert not [r for r in traj if r["finish_reason"] == "infra_error"]
-    # Synchronous or one step old (grpo.max_trajectory_age): the versions the servers reported.
-    for step, (t, _) in steps.items():
-        assert {r["policy_version"] for r in t} <= {step - 1, max(0, step - 2)}, step
-
-
-@pytest.mark.slow
-def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, smoke_server, second_server,
-                                                                   tmp_path):
+def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, smoke_server, tmp_path):
     from tasks.rollout import read_partial
 
     run_id = f"test-cluster-nodeloss-{int(time.time())}"
-    overrides = _overrides(ray_cluster, [smoke_server, second_server])
+    overrides = _overrides(ray_cluster, [smoke_server], max_steps=1)
     nodes = ray_cluster.node_ids()
     seen = {}
 
@@ -211,7 +195,7 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
     try:
         _run(run_id, overrides, tmp_path, during=kill_the_worker_node)
     finally:
-        ray_cluster.add_worker()  # the next tests get their two nodes back
+        ray_cluster.add_worker()  # the next test gets its two nodes back
     cfg, store, steps = _tables(run_id, overrides)
     traj1, rew1 = steps[1]
     # Every episode not committed when the node died ran (again) on the head; none lost, none twice.
@@ -221,17 +205,26 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
 
 
 @pytest.mark.slow
-def test_server_killed_mid_step_the_run_goes_on(ray_cluster, smoke_server, second_server, tmp_path):
-    run_id = f"test-cluster-serverloss-{int(time.time())}"
+def test_smoke_run_on_two_nodes_and_two_servers_survives_a_server_killed_mid_step(
+        ray_cluster, smoke_server, second_server, tmp_path):
+    run_id = f"test-cluster-{int(time.time())}"
     overrides = _overrides(ray_cluster, [smoke_server, second_server])
 
     def kill_the_second_server(log, proc):
-        _wait_for(log, "step 1 trajectories: 2/", proc)  # requests in flight on both servers
+        _wait_for(log, "step 1 trajectories: 4/", proc)  # requests in flight on both servers
         os.killpg(second_server.pid, signal.SIGKILL)
 
-    _run(run_id, overrides, tmp_path, during=kill_the_second_server)
+    log = _run(run_id, overrides, tmp_path, during=kill_the_second_server)
+    assert f"on the Ray cluster at {ray_cluster.address}" in log
     cfg, store, steps = _tables(run_id, overrides)
-    assert not [r for t, _ in steps.values() for r in t if r["finish_reason"] == "infra_error"]
-    # After the kill only the first server generates; the weight sync reached it and left the dead one out.
+    traj = [r for t, _ in steps.values() for r in t]
+    rew = [r for _, w in steps.values() for r in w]
+    nodes = set(ray_cluster.node_ids().values())
+    assert {r["node"] for r in traj} == nodes and {r["node"] for r in rew} <= nodes
+    # Before the kill both servers generated; the failover and the weight sync left the dead one out.
+    assert {u for r in steps[1][0] for u in r["servers"] or []} == {smoke_server.base_url, second_server.base_url}
     assert {u for r in steps[cfg.max_steps][0] for u in r["servers"] or []} == {smoke_server.base_url}
-    assert {r["policy_version"] for r in steps[cfg.max_steps][0]} <= {cfg.max_steps - 1, cfg.max_steps - 2}
+    assert not [r for r in traj if r["finish_reason"] == "infra_error"]
+    # Synchronous or one step old (grpo.max_trajectory_age): the versions the servers reported.
+    for step, (t, _) in steps.items():
+        assert {r["policy_version"] for r in t} <= {step - 1, max(0, step - 2)}, step
