@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
-	bench-import base
+	bench-import bench-cluster base
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -90,8 +90,13 @@ bench-seeds: setup
 bench-eval: setup
 	$(PY) tests/bench/bench_eval.py $(ARGS)
 
-# The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT) with the train / evaluate / prepare / reproducibility
-# deployments served (no work pool needed); REPRO_BASELINE=<run id> schedules reproducibility reruns.
+# In-process vs a local two-node Ray cluster: episodes/min, gradings/min, Ray start-up and memory.
+bench-cluster: setup
+	$(PY) tests/bench/bench_cluster.py $(ARGS)
+
+# The Prefect UI on 127.0.0.1:4200 (RLVR_UI_PORT), the train / evaluate / prepare / reproducibility
+# deployments on the process work pool `rlvr` and a worker that runs them; REPRO_BASELINE=<run id>
+# schedules reproducibility reruns.
 .PHONY: ui ui-stop
 ui: venv
 	infra/ui.sh start

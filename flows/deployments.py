@@ -1,10 +1,12 @@
-"""Deployments for the Prefect UI: train, evaluate, prepare, reproducibility, served by this process.
+"""Deployments for the Prefect UI: train, evaluate, prepare, reproducibility, on a process work pool.
 
-    python -m flows.deployments [--repro-baseline RUN_ID --repro-interval SECONDS]
+    python -m flows.deployments [--pool rlvr] [--repro-baseline RUN_ID --repro-interval SECONDS]
 
-(`make ui` starts a local Prefect server and runs this; `make ui-stop` stops both.)
-Served with `prefect.serve`: no work pool, no worker; each flow run is a
-subprocess of this one, in this working directory and environment.
+creates the process work pool (unless it exists) and deploys the four flows to it from this
+checkout (`flow.from_source(<this directory>)`: no image, no remote storage), then exits.
+A worker runs the flow runs: `prefect worker start --pool rlvr` on a machine with this checkout
+at the same path (`make ui` starts one; `make ui-stop` stops it). Each flow run is a subprocess
+of the worker, in this directory, with the worker's environment.
 
 The entry flows here carry the flows' names (`train`, ...) and typed parameters,
 so the UI renders a form: `preset` is a drop-down of the preset names and
@@ -16,6 +18,7 @@ run with the same tasks and subflows as `make run`, plus its UI artifacts.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import time
 import types
 from typing import Literal
@@ -24,6 +27,8 @@ from prefect import flow
 
 from schemas.presets import PRESETS
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+POOL = "rlvr"
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]  # the form's drop-down follows PRESETS
 
 # Defaults are plain values (not None) so the form shows a text box, not a "str / None" switch;
@@ -101,10 +106,9 @@ def prepare_entry(preset: PresetName = "mini", overrides: list[str] = []) -> dic
 def deployments(repro_baseline: str | None = None, repro_interval: float | None = None,
                 repro_rerun_id: str | None = None, only: list[str] | None = None,
                 repro_store: str | None = None) -> list:
-    """The RunnerDeployments `make ui` serves. The reproducibility deployment is scheduled only
-    when given a baseline run (rerunning a pinned config costs a whole training run)."""
-    from flows.reproducibility import reproducibility
-
+    """The RunnerDeployments `make ui` deploys, their code this checkout. The reproducibility
+    deployment is scheduled only when given a baseline run (rerunning a pinned config costs a
+    whole training run)."""
     params, schedule = {}, {}
     if repro_baseline:
         params["baseline_run_id"] = repro_baseline
@@ -113,33 +117,60 @@ def deployments(repro_baseline: str | None = None, repro_interval: float | None 
         if repro_store:
             params["store_root"] = repro_store
         schedule["interval"] = repro_interval or 7 * 24 * 3600
-    out = {"train": lambda: train_entry.to_deployment(name="train", tags=["rlvr"]),
-           "evaluate": lambda: evaluate_entry.to_deployment(name="evaluate", tags=["rlvr"]),
-           "prepare": lambda: prepare_entry.to_deployment(name="prepare", tags=["rlvr"]),
-           "reproducibility": lambda: reproducibility.to_deployment(name="reproducibility", tags=["rlvr"],
-                                                                   parameters=params, **schedule)}
-    return [make() for name, make in out.items() if not only or name in only]
+    entrypoints = {"train": "flows/deployments.py:train_entry", "evaluate": "flows/deployments.py:evaluate_entry",
+                   "prepare": "flows/deployments.py:prepare_entry",
+                   "reproducibility": "flows/reproducibility.py:reproducibility"}
+    out = []
+    for name, entrypoint in entrypoints.items():
+        if only and name not in only:
+            continue
+        # A local source: the worker runs the entrypoint from this directory (a set_working_directory pull step).
+        source = flow.from_source(source=str(REPO), entrypoint=entrypoint)
+        extra = {"parameters": params, **schedule} if name == "reproducibility" else {}
+        out.append(source.to_deployment(name=name, tags=["rlvr"], **extra))
+    return out
+
+
+def ensure_pool(name: str) -> None:
+    """Create the process work pool `name` unless it exists; a pool of another type is an error."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        try:
+            pool = client.read_work_pool(name)
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=name, type="process",
+                                                   base_job_template=ProcessWorker.get_default_base_job_template()))
+            return
+    if pool.type != "process":
+        raise SystemExit(f"work pool {name!r} exists with type {pool.type!r}, not process: "
+                         f"pick another name with --pool")
 
 
 def main(argv: list[str] | None = None) -> None:
-    import os
-
     from flows.main import prefect_defaults
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pool", default=POOL, help=f"process work pool to deploy to (default {POOL}; created if missing)")
     ap.add_argument("--repro-baseline", help="schedule reproducibility reruns of this run's configuration")
     ap.add_argument("--repro-interval", type=float, help="seconds between reruns (default: weekly)")
     ap.add_argument("--repro-rerun-id", help="compare with this existing run instead of training a new one")
     ap.add_argument("--repro-store", help="object store of the baseline (default file://.rlvr/store)")
     ap.add_argument("--only", help="comma-separated subset of train,evaluate,prepare,reproducibility")
-    ap.add_argument("--limit", type=int, default=1, help="flow runs at once (one run fills a small machine)")
     args = ap.parse_args(argv)
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")  # the UI shows the flows' progress lines
     prefect_defaults()
-    from prefect import serve
+    from prefect.settings import PREFECT_API_URL
 
-    serve(*deployments(args.repro_baseline, args.repro_interval, args.repro_rerun_id,
-                       args.only.split(",") if args.only else None, args.repro_store), limit=args.limit)
+    if not PREFECT_API_URL.value():  # else Prefect would deploy to a temporary server that vanishes on exit
+        raise SystemExit("PREFECT_API_URL is not set: deployments need a Prefect server (make ui starts one)")
+    ensure_pool(args.pool)
+    for dep in deployments(args.repro_baseline, args.repro_interval, args.repro_rerun_id,
+                           args.only.split(",") if args.only else None, args.repro_store):
+        dep.apply(work_pool_name=args.pool)
+        print(f"deployed {dep.flow_name}/{dep.name} to work pool {args.pool}", flush=True)
 
 
 if __name__ == "__main__":

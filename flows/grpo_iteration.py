@@ -36,11 +36,18 @@ async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], 
     spec = RolloutSpec(run_id=ctx.run_id, step=step, split=split, samples_per_task=samples,
                        temperature=sampling.temperature, top_p=sampling.top_p)
     total = len(instance_ids) * samples
-    log(f"step {step} {stage}: start ({total} episodes, policy v{ctx.client.version})")
+    runner = None
+    if ctx.cfg.cluster.address:
+        from tasks.cluster import RayEpisodes
+
+        # One Ray task per episode, on the node Ray picks; rows come back here to be committed.
+        runner = RayEpisodes(spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store)
+    where = f" on the Ray cluster at {ctx.cfg.cluster.address}" if runner else ""
+    log(f"step {step} {stage}: start ({total} episodes, policy v{ctx.client.version}{where})")
     return await collect([ctx.tasks[i] for i in instance_ids], spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store,
                          partial_key=stage_key(ctx.run_id, step, f"{stage}_partial"),
                          on_episode=Progress(f"step {step} {stage}", total, "episodes", every_s=30),
-                         flush_every_s=ctx.cfg.agent.partial_flush_s)
+                         flush_every_s=ctx.cfg.agent.partial_flush_s, episode_runner=runner)
 
 
 @task(name="rollouts", cache_policy=NONE)
@@ -64,8 +71,15 @@ def grading(ctx: RunContext, step: int, trajectories_key: str, stage: str = "rew
     traj = ctx.store.read_table(trajectories_key, columns=["rollout_id", "instance_id", "final_patch"]).to_pylist()
     items = [(t["rollout_id"], ctx.run_id, step, ctx.tasks[t["instance_id"]], t["final_patch"]) for t in traj]
     distinct = len({(t["instance_id"], t["final_patch"]) for t in traj})
-    log(f"step {step} {stage}: start ({len(items)} patches, {distinct} distinct)")
-    table = grade_rollouts(items, ctx.cfg.sandbox, ctx.store,
+    pool = None
+    if ctx.cfg.cluster.address:
+        from tasks.cluster import RayGrading
+
+        # One Ray task per distinct patch, on a node with the backend's capacity.
+        pool = RayGrading(ctx.cfg.cluster, ctx.cfg.sandbox, ctx.store)
+    log(f"step {step} {stage}: start ({len(items)} patches, {distinct} distinct"
+        + (f", on the Ray cluster at {ctx.cfg.cluster.address})" if pool else ")"))
+    table = grade_rollouts(items, ctx.cfg.sandbox, ctx.store, pool=pool,
                            on_graded=Progress(f"step {step} {stage}", distinct, "gradings", every_s=30))
     ctx.store.write_table(key, table, stage=stage)
     rewards = [r for r in table["reward"].to_pylist() if r is not None]

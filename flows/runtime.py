@@ -99,7 +99,8 @@ class RunContext:
     workdir: pathlib.Path
     tasks: dict[str, dict] = field(default_factory=dict)
     tokenizer: object = None
-    server: object = None
+    server: object = None  # the first of `servers` (managed mode)
+    servers: list = field(default_factory=list)
     client: object = None
     trainer: object = None
     loop: EventLoopThread | None = None
@@ -126,33 +127,52 @@ class RunContext:
             urls = list(self.cfg.inference.base_urls)
         else:
             t0 = time.monotonic()
-            log(f"starting vLLM for policy v{version} (about a minute on CPU)")
-            self.server = VLLMServer(model_dir, self.cfg.inference, log_dir=self.workdir / "logs").start()
-            urls = [self.server.base_url]
-            log(f"vLLM serving policy v{version} at {self.server.base_url} "
-                f"(started in {time.monotonic() - t0:.0f} s, log {self.server.log_path})")
+            n = self.cfg.inference.num_servers
+            log(f"starting {n} vLLM server{'s' if n > 1 else ''} for policy v{version} (about a minute each on CPU)")
+            self.servers = []
+            try:
+                # One after another: on CPU their start-ups compete for the same cores.
+                for _ in range(n):
+                    self.servers.append(VLLMServer(model_dir, self.cfg.inference, log_dir=self.workdir / "logs").start())
+            except BaseException:
+                self._stop_servers()
+                raise
+            self.server = self.servers[0]
+            urls = [s.base_url for s in self.servers]
+            log(f"vLLM serving policy v{version} at {', '.join(urls)} "
+                f"(started in {time.monotonic() - t0:.0f} s, logs {', '.join(str(s.log_path) for s in self.servers)})")
         self.client = PolicyClient(urls, stop_token_ids=[self.tokenizer.convert_tokens_to_ids(IM_END)],
                                    version=version)
         if self.cfg.inference.mode == "external":
             # Shared servers may hold anyone's weights: load ours (they must be able to read model_dir).
             self.loop.call(self.client.reload_weights(model_dir, version))
+        elif self.cfg.cluster.address:
+            # Episodes on other nodes stamp turns with the servers' own version: tell them which it is.
+            self.loop.call(self.client.record_version(version))
         if trainer:
             from tasks.policy.worker import TrainerWorker
 
             self.trainer = TrainerWorker(model_dir, self.cfg, num_ranks=self.cfg.optimizer.num_ranks,
                                          log_path=self.workdir / "logs" / "trainer.log").start()
 
+    def _stop_servers(self) -> None:
+        for server in self.servers or ([self.server] if self.server is not None else []):
+            try:
+                server.stop()
+            except Exception as e:  # keep closing the rest
+                print(f"warning: stopping vLLM server {server} failed: {e}", file=sys.stderr)
+        self.servers, self.server = [], None
+
     def close(self, graceful: bool = True) -> None:
-        """Stop the servers and the trainer; graceful=False (a run interrupted or failed) kills the
+        """Stop the trainer and the servers; graceful=False (a run interrupted or failed) kills the
         trainer at once instead of waiting for the update in progress, which nothing will commit."""
-        for name in ("trainer", "server"):
-            obj = getattr(self, name)
-            if obj is not None:
-                try:
-                    obj.stop() if graceful or name != "trainer" else obj.kill()
-                except Exception as e:  # keep closing the rest
-                    print(f"warning: stopping {name} failed: {e}", file=sys.stderr)
-                setattr(self, name, None)
+        if self.trainer is not None:
+            try:
+                self.trainer.stop() if graceful else self.trainer.kill()
+            except Exception as e:  # keep closing the rest
+                print(f"warning: stopping trainer failed: {e}", file=sys.stderr)
+            self.trainer = None
+        self._stop_servers()
         if self.client is not None and self.loop is not None:
             try:
                 self.loop.call(self.client.aclose())

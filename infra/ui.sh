@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# make ui / make ui-stop: a local Prefect server (UI + API) on 127.0.0.1 and this project's deployments,
-# served by one process (flows/deployments.py). Both run in their own sessions; their pids are in .rlvr/ui/.
+# make ui / make ui-stop: a local Prefect server (UI + API) on 127.0.0.1, this project's deployments on a
+# process work pool (flows/deployments.py, code from this checkout) and a Prefect worker that runs their
+# flow runs. Server and worker run in their own sessions; their pids are in .rlvr/ui/.
 #
 #   infra/ui.sh start     RLVR_UI_PORT (4200), REPRO_BASELINE / REPRO_INTERVAL: schedule reproducibility reruns,
-#                         RLVR_UI_DEPLOYMENTS=train,evaluate: serve a subset, RLVR_UI_DIR (.rlvr/ui): pids and logs,
+#                         RLVR_UI_DEPLOYMENTS=train,evaluate: deploy a subset, RLVR_UI_DIR (.rlvr/ui): pids and logs,
+#                         RLVR_UI_POOL (rlvr): the work pool, RLVR_UI_LIMIT (1): flow runs at once,
 #                         RLVR_UI_STORE=file://...: the store runs from the UI use (default: their preset's; tests
 #                         set their own so that UI runs never land in the user's .rlvr/store)
-#   infra/ui.sh stop      SIGTERM to the deployments, SIGINT to the server, then SIGKILL whatever of ours is left
+#   infra/ui.sh stop      SIGTERM to the worker and its flow runs, SIGINT to the server, then SIGKILL whatever
+#                         of ours is left
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${RLVR_UI_PORT:-4200}
 DIR=${RLVR_UI_DIR:-.rlvr/ui}
 PY=${PY:-.venv/bin/python}
+POOL=${RLVR_UI_POOL:-rlvr}
 export PREFECT_HOME=${PREFECT_HOME:-$PWD/.rlvr/prefect-ui}
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_LOGGING_LEVEL=${PREFECT_LOGGING_LEVEL:-INFO}
 export PREFECT_API_URL=http://127.0.0.1:$PORT/api
+export HF_HUB_DISABLE_PROGRESS_BARS=1  # flow runs inherit the worker's environment (as flows.main sets it)
 URL=http://127.0.0.1:$PORT
 
 alive() { [ -f "$DIR/$1.pid" ] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
@@ -24,7 +29,7 @@ alive() { [ -f "$DIR/$1.pid" ] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
 # (flow runs, vLLM servers and trainers start their own sessions, so a group kill alone misses them).
 ours() {
   local pids="" p
-  for name in serve server; do [ -f "$DIR/$name.pid" ] && pids="$pids $(cat "$DIR/$name.pid")"; done
+  for name in worker server; do [ -f "$DIR/$name.pid" ] && pids="$pids $(cat "$DIR/$name.pid")"; done
   local all="$pids" frontier="$pids"
   while [ -n "${frontier// /}" ]; do
     local next=""
@@ -37,7 +42,7 @@ ours() {
 
 start() {
   mkdir -p "$DIR" "$PREFECT_HOME"
-  if alive server || alive serve; then echo "already running: $URL (make ui-stop first)"; return 0; fi
+  if alive server || alive worker; then echo "already running: $URL (make ui-stop first)"; return 0; fi
   setsid .venv/bin/prefect server start --host 127.0.0.1 --port "$PORT" >"$DIR/server.log" 2>&1 </dev/null &
   echo $! >"$DIR/server.pid"
   for _ in $(seq 1 180); do
@@ -46,22 +51,30 @@ start() {
     alive server || { echo "the Prefect server exited; see $DIR/server.log" >&2; tail -20 "$DIR/server.log" >&2; exit 1; }
     sleep 1
   done
-  local args=()
+  local args=(--pool "$POOL")
   [ -n "${REPRO_BASELINE:-}" ] && args+=(--repro-baseline "$REPRO_BASELINE")
   [ -n "${REPRO_INTERVAL:-}" ] && args+=(--repro-interval "$REPRO_INTERVAL")
   [ -n "${RLVR_UI_DEPLOYMENTS:-}" ] && args+=(--only "$RLVR_UI_DEPLOYMENTS")
-  setsid "$PY" -m flows.deployments "${args[@]}" >"$DIR/serve.log" 2>&1 </dev/null &
-  echo $! >"$DIR/serve.pid"
+  if ! "$PY" -m flows.deployments "${args[@]}" >"$DIR/deploy.log" 2>&1 </dev/null; then
+    echo "deploying to work pool $POOL failed; see $DIR/deploy.log" >&2; tail -20 "$DIR/deploy.log" >&2; stop; exit 1
+  fi
+  # One flow run at a time by default: a training run fills a small machine. `trap - INT`: a script's
+  # background job ignores SIGINT, and the worker stops on SIGTERM by sending itself SIGINT.
+  ( trap - INT; exec setsid .venv/bin/prefect worker start --pool "$POOL" --type process \
+      --limit "${RLVR_UI_LIMIT:-1}" ) >"$DIR/worker.log" 2>&1 </dev/null &
+  echo $! >"$DIR/worker.pid"
   for _ in $(seq 1 120); do
-    grep -q "deployments are being served\|Your deployments" "$DIR/serve.log" 2>/dev/null && break
-    alive serve || { echo "serving the deployments failed; see $DIR/serve.log" >&2; tail -20 "$DIR/serve.log" >&2; stop; exit 1; }
+    grep -q "started!" "$DIR/worker.log" 2>/dev/null && break
+    alive worker || { echo "the worker for pool $POOL exited; see $DIR/worker.log" >&2; tail -20 "$DIR/worker.log" >&2
+                      stop; exit 1; }
     sleep 1
   done
   cat <<MSG
 
 Prefect UI         $URL   (deployments: $URL/deployments)
-deployments        ${RLVR_UI_DEPLOYMENTS:-train, evaluate, prepare, reproducibility} ($( [ -n "${REPRO_BASELINE:-}" ] && echo "scheduled: rerun $REPRO_BASELINE every ${REPRO_INTERVAL:-604800} s" || echo "unscheduled: REPRO_BASELINE=<run id> make ui"))
-logs               $DIR/server.log, $DIR/serve.log
+deployments        ${RLVR_UI_DEPLOYMENTS:-train, evaluate, prepare, reproducibility} on work pool $POOL ($( [ -n "${REPRO_BASELINE:-}" ] && echo "scheduled: rerun $REPRO_BASELINE every ${REPRO_INTERVAL:-604800} s" || echo "unscheduled: REPRO_BASELINE=<run id> make ui"))
+worker             pid $(cat "$DIR/worker.pid"), runs ${RLVR_UI_LIMIT:-1} flow run(s) at once in $PWD
+logs               $DIR/server.log, $DIR/deploy.log, $DIR/worker.log
 store              ${RLVR_UI_STORE:-storage.root of each preset (override storage.root=... per run)}
 runs from the CLI  export PREFECT_API_URL=$PREFECT_API_URL   (then make run / python -m flows.main shows up here)
 stop               make ui-stop
@@ -72,13 +85,21 @@ MSG
 stop() {
   local pids; pids=$(ours)
   [ -z "${pids// /}" ] && { rm -f "$DIR"/*.pid; echo "not running"; return 0; }
-  # The serve process first (SIGTERM: it pauses its deployments and stops its flow runs; a process
-  # started in the background by a script ignores SIGINT), then the server (SIGINT: it ignores SIGTERM).
-  for sig_name in TERM:serve INT:server; do
-    local sig=${sig_name%%:*} name=${sig_name#*:}
-    alive "$name" && kill -"$sig" -- "-$(cat "$DIR/$name.pid")" 2>/dev/null || true
-    for _ in $(seq 1 30); do alive "$name" || break; sleep 1; done
-  done
+  # The worker and its flow runs first (SIGTERM: the worker stops taking runs; a run fails and stops its
+  # servers, trainer and sandboxes, and leads its own session, so a group kill of the worker misses it),
+  # then the server (SIGINT: it ignores SIGTERM).
+  if alive worker; then
+    local w runs; w=$(cat "$DIR/worker.pid")
+    runs=$(ps -o pid= --ppid "$w" | tr '\n' ' ' || true)
+    kill -TERM -- "-$w" $runs 2>/dev/null || true
+    for _ in $(seq 1 30); do alive worker || break; sleep 1; done
+    # A second interrupt is the worker's own hard stop (it SIGKILLs itself): for a run that would not end.
+    if alive worker; then kill -TERM "$w" 2>/dev/null || true; sleep 2; fi
+  fi
+  if alive server; then
+    kill -INT -- "-$(cat "$DIR/server.pid")" 2>/dev/null || true
+    for _ in $(seq 1 30); do alive server || break; sleep 1; done
+  fi
   sleep 1
   local left=""
   for p in $pids; do kill -0 "$p" 2>/dev/null && left="$left $p"; done

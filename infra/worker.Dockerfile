@@ -1,4 +1,4 @@
-# The image of the `deployments` service in infra/compose.yaml (and of Kubernetes flow-run pods):
+# The image of the `deploy` and `worker` services in infra/compose.yaml (and of Kubernetes flow-run pods):
 # the project, its two virtual environments (vLLM has its own: ARCHITECTURE.md s5) and bubblewrap.
 # Not built here (no registry is reachable); `make setup` does the same steps on a machine.
 FROM python:3.11-slim-bookworm
@@ -8,4 +8,4 @@ WORKDIR /app
 COPY . /app
 RUN make venv vllm-venv && .venv/bin/pip install --no-deps -e .
 ENV PATH=/app/.venv/bin:$PATH PYTHONUNBUFFERED=1
-CMD ["python", "-m", "flows.deployments"]
+CMD ["prefect", "worker", "start", "--pool", "rlvr", "--type", "process", "--limit", "1"]

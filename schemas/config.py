@@ -138,6 +138,26 @@ class InferenceConfig(_Strict):
     enforce_eager: bool | None = None
     # Python of the vLLM environment; None = $RLVR_VLLM_PYTHON or <repo>/.venv-vllm/bin/python.
     vllm_python: str | None = None
+    # managed only: servers started for the policy (data-parallel generation; the client spreads
+    # requests over them, least in-flight first, and the weight sync reaches every one).
+    num_servers: int = Field(1, ge=1)
+
+
+class ClusterConfig(_Strict):
+    # Ray cluster for rollouts and grading: "auto" (the local node's cluster), "HOST:PORT" of a head
+    # node, or "ray://HOST:10001" (Ray Client). None = everything in this process, as before.
+    address: str | None = None
+    # Ray CPUs one episode holds: an episode mostly waits on vLLM and on its sandbox's commands.
+    episode_cpus: float = Field(0.25, gt=0)
+    # Ray CPUs one grading holds: the hidden tests run flat out in its sandbox.
+    grading_cpus: float = Field(1.0, gt=0)
+    # Custom Ray resource a node advertises when it can run sandboxes of a backend, one unit per
+    # sandbox: "sandbox_bwrap" / "sandbox_docker" (`ray start --resources='{"sandbox_docker": 8}'`).
+    # False: any node with free CPUs takes episodes and gradings.
+    sandbox_resources: bool = False
+    # Ray re-runs a task whose worker or node died this many times (system failures only; an
+    # episode's own errors are handled inside it); past that it is recorded as an infra_error.
+    max_task_retries: int = Field(3, ge=0)
 
 
 class SamplingConfig(_Strict):
@@ -367,6 +387,7 @@ class RunConfig(_Strict):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     # The MLPerf reference scales lr and grad clip with the global batch size (GBS).
     @property

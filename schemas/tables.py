@@ -343,8 +343,14 @@ TRAJECTORIES = TableSchema(
         "generation_seconds": (F64, False),
         "sandbox_seconds": (F64, False),
         "total_seconds": (F64, False),
+        # The vLLM servers (base URLs) that generated the episode's turns, in order of first use
+        # (more than one only when a server failed mid-episode); null: no server (scripted).
+        "servers": (pa.list_(STR), True),
+        # Ray node id the episode ran on (cluster.address set); null: in the driver's process.
+        "node": (STR, True),
     },
     unique=["rollout_id"],
+    added_later=("servers", "node"),
     rules=[
         _rule("token_columns_aligned", "loss_mask",
               _list_lengths_equal("token_ids", "loss_mask", "generation_logprobs"),
@@ -405,9 +411,11 @@ REWARDS = TableSchema(
         # "path: why" for each change the grader removed from the patch before the tests ran
         # (tasks/grading/grader.py: what a patch may not change); a reward-hacking signal.
         "harness_changes": (pa.list_(STR), True),
+        # Ray node id the grading ran on (cluster.address set); null: in the driver's process.
+        "node": (STR, True),
     },
     unique=["rollout_id"],
-    added_later=("harness_changes",),
+    added_later=("harness_changes", "node"),
     rules=[
         _rule("reward_binary", "reward", _values_in("reward", [0.0, 1.0]), "reward must be 0 or 1"),
         _rule("grading_status_known", "grading_status", _values_in("grading_status", list(GRADING_STATUSES)),

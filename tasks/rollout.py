@@ -52,7 +52,7 @@ def episode_row(spec: RolloutSpec, task: dict, sample: int, ep: Episode, policy_
         num_turns=ep.num_turns,
         num_generated_tokens=sum(ep.loss_mask), tool_errors=ep.tool_errors, finish_reason=ep.finish_reason,
         error=ep.error, final_patch=ep.final_patch, generation_seconds=ep.generation_seconds,
-        sandbox_seconds=ep.sandbox_seconds, total_seconds=ep.total_seconds,
+        sandbox_seconds=ep.sandbox_seconds, total_seconds=ep.total_seconds, servers=ep.servers or None,
     )
 
 
@@ -149,13 +149,15 @@ class PartWriter:
 
 async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, store=None, *,
                   concurrency: int | None = None, partial_key: str | None = None, flush_every_s: float = 0.0,
-                  on_episode=None, policy_factory=None) -> pa.Table:
+                  on_episode=None, policy_factory=None, episode_runner=None) -> pa.Table:
     """Run `spec.samples_per_task` episodes of every task; return the trajectories table.
 
     `cfg` is the RunConfig (agent, sandbox, inference sections). With `partial_key` and a store,
     finished episodes are committed there as they finish and skipped when already present.
     `policy_factory(task, sample, sandbox)`, when given, makes each episode's policy (the scripted
     solver of the demonstrations); otherwise every episode samples from `policy`.
+    `episode_runner(task, sample)`, when given, runs each episode elsewhere and returns its row
+    (tasks/cluster.py: RayEpisodes, one Ray task per episode, which calls run_one there).
     """
     done = read_partial(store, partial_key) if partial_key and store is not None else {}
     writer = PartWriter(store, partial_key, "trajectories_partial", TRAJECTORIES, flush_every_s)
@@ -165,7 +167,10 @@ async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, 
 
     async def one(task: dict, sample: int):
         async with sem:
-            row = await run_one(task, sample, spec, policy, tokenizer, cfg, store, policy_factory)
+            if episode_runner is not None:
+                row = await episode_runner(task, sample)
+            else:
+                row = await run_one(task, sample, spec, policy, tokenizer, cfg, store, policy_factory)
         done[row["rollout_id"]] = row
         if on_episode is not None:
             on_episode(row)

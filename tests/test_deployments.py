@@ -1,5 +1,6 @@
 """Deployments and the local stack's files: typed forms, fast failure on bad input, compose and Kubernetes
-templates that their tools accept. The served deployments are checked against the session's server."""
+templates that their tools accept. The deployments on the work pool and its worker are checked against the
+session's server (`make ui`'s infra/ui.sh)."""
 
 from __future__ import annotations
 
@@ -43,15 +44,38 @@ def test_bad_input_fails_before_anything_starts():
         train_entry.fn(preset="smoke", overrides=["grpo.prompts_per_step=0"])
 
 
-def test_make_ui_serves_the_deployments(prefect_ui):
+def test_make_ui_deploys_to_the_work_pool(prefect_ui):
     assert prefect_ui.url in prefect_ui.start_output and "make ui-stop" in prefect_ui.start_output
+    pool = prefect_ui.api("GET", f"/work_pools/{prefect_ui.pool}")
+    assert pool["type"] == "process", pool
     for name in ("train", "evaluate", "prepare"):
         dep = prefect_ui.deployment(name, name)
         assert dep["entrypoint"] == f"flows/deployments.py:{name}_entry"
+        assert dep["work_pool_name"] == prefect_ui.pool
+        # The code is this checkout: the worker runs the entrypoint here, nothing is built or pulled.
+        assert dep["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
         assert dep["parameter_openapi_schema"]["properties"]["preset"]["enum"][0] == "smoke"
-        # READY once the serve process has polled for its runs (every few seconds).
+        # READY once the worker has polled the pool's queue (every few seconds).
         prefect_ui.wait_for_run(lambda: prefect_ui.deployment(name, name)["status"] == "READY", 60,
                                 f"deployment {name} ready", poll=1)
+    workers = prefect_ui.api("POST", f"/work_pools/{prefect_ui.pool}/workers/filter", json={})
+    assert [w["status"] for w in workers] == ["ONLINE"], workers
+
+
+def test_a_deployment_run_executes_on_the_worker(prefect_ui):
+    """A run created as the UI's Run button does (the API), with a bad override: the worker picks it up
+    and runs it in its own process, where the configuration check fails it within seconds."""
+    dep = prefect_ui.deployment("evaluate", "evaluate")
+    run = prefect_ui.api("POST", f"/deployments/{dep['id']}/create_flow_run",
+                         json={"parameters": {"preset": "smoke", "overrides": ["grpo.prompts_per_step=0"]}})
+
+    def finished():
+        r = prefect_ui.api("GET", f"/flow_runs/{run['id']}")
+        return r if r["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+    run = prefect_ui.wait_for_run(finished, 180, "the evaluate run on the worker", poll=1)
+    assert run["state"]["type"] == "FAILED" and "prompts_per_step" in run["state"]["message"], run["state"]
+    prefect_ui.assert_ran_on_worker(run)
 
 
 def _compose() -> list[str] | None:
@@ -67,7 +91,7 @@ def test_compose_file_is_valid():
     out = subprocess.run(cmd + ["-f", "infra/compose.yaml", "--profile", "s3", "config"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    for service in ("prefect-server", "deployments", "s3"):
+    for service in ("prefect-server", "deploy", "worker", "s3"):
         assert re.search(rf"^\s+{service}:", out.stdout, re.M), service
 
 
@@ -93,3 +117,36 @@ def test_kubernetes_manifests_parse():
     for path in sorted((REPO / "infra/k8s").glob("*.yaml")):
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         assert docs and all("kind" in d and "apiVersion" in d for d in docs), path
+
+
+def test_kuberay_ray_cluster_template_renders():
+    """infra/k8s/ray-cluster.yaml: a KubeRay RayCluster of our pinned Ray, on the flow-run image, whose
+    sandbox nodes advertise the resource that cluster.sandbox_resources asks for."""
+    import typing
+
+    import yaml
+
+    from schemas.config import SandboxConfig
+
+    (doc,) = [d for d in yaml.safe_load_all((REPO / "infra/k8s/ray-cluster.yaml").read_text()) if d]
+    assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayCluster")
+    pinned = [line.split("==")[1].strip() for line in (REPO / "requirements.lock").read_text().splitlines()
+              if line.startswith("ray[default]==")]
+    assert pinned == [doc["spec"]["rayVersion"]], "rayVersion must be the Ray pinned in requirements.lock"
+    image = json.loads((REPO / "infra/k8s/base-job-template.json").read_text())[
+        "variables"]["properties"]["image"]["default"]
+    head, groups = doc["spec"]["headGroupSpec"], doc["spec"]["workerGroupSpecs"]
+    backends = typing.get_args(SandboxConfig.model_fields["backend"].annotation)
+    for group in [head, *groups]:
+        # KubeRay passes rayStartParams to `ray start` as strings; a number there is rejected.
+        assert all(isinstance(v, str) for v in group["rayStartParams"].values()), group["rayStartParams"]
+        pod = group["template"]["spec"]
+        assert {c["image"] for c in pod["containers"] + pod.get("initContainers", [])} == {image}
+        for c in pod["containers"]:
+            assert c["resources"]["limits"] == c["resources"]["requests"]
+    assert {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]} >= {6379, 10001}
+    for group in groups:
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+        custom = json.loads(json.loads(group["rayStartParams"]["resources"]))
+        assert custom and all(k in {f"sandbox_{b}" for b in backends} for k in custom), custom
+        assert float(group["rayStartParams"]["num-cpus"]) >= 1

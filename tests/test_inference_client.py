@@ -164,6 +164,87 @@ def test_generate_waits_for_reload():
     assert order.index("/v1/completions") > order.index("/resume")
 
 
+class TwoServers(FakeVLLM):
+    """FakeVLLM for several hosts; hosts in `dead` refuse connections, as a killed server does;
+    /weight_info answers `weight_version` (a list: one value per call, the last one repeated)."""
+
+    def __init__(self, dead=(), weight_versions=None, **kw):
+        super().__init__(**kw)
+        self.dead, self.weight_versions = set(dead), list(weight_versions or [])
+
+    def __call__(self, request):
+        if request.url.host in self.dead:
+            self.calls.append((request.url.host, request.url.path, None, None))
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/weight_info":
+            self.calls.append((request.url.host, "/weight_info", None, None))
+            v = self.weight_versions.pop(0) if len(self.weight_versions) > 1 else self.weight_versions[0]
+            return httpx.Response(200, json={"weight_version": v})
+        return super().__call__(request)
+
+
+def test_dead_server_fails_over_to_the_others():
+    fake = TwoServers(dead={"a"})
+    c = client(fake, urls=["http://a:1", "http://b:1"])
+
+    async def many():
+        return await asyncio.gather(*(c.generate([1, 2], 3) for _ in range(6)))
+
+    outs = asyncio.run(many())
+    # Every request completed, on the live server; the dead one was tried, then left alone (cooldown).
+    assert {g.base_url for g in outs} == {"http://b:1"} and all(len(g.token_ids) == 3 for g in outs)
+    assert 1 <= sum(1 for h, p, _, _ in fake.calls if h == "a") <= 6
+    before = sum(1 for h, _, _, _ in fake.calls if h == "a")
+    asyncio.run(c.generate([1], 1))
+    assert sum(1 for h, _, _, _ in fake.calls if h == "a") == before
+
+
+def test_every_server_down_is_unavailable():
+    with pytest.raises(InferenceUnavailable):
+        asyncio.run(client(TwoServers(dead={"a", "b"}), urls=["http://a:1", "http://b:1"]).generate([1], 1))
+
+
+def test_reload_leaves_out_a_dead_server_until_a_reload_reaches_it():
+    fake = TwoServers(dead={"b"})
+    c = client(fake, urls=["http://a:1", "http://b:1"])
+    asyncio.run(c.reload_weights("/ckpt/v2", 2))
+    assert c.version == 2 and c.live_urls == ["http://a:1"]
+    c.failover_cooldown_s = 0.0
+    fake.dead.clear()  # b is back, with old weights: still not used
+    assert {asyncio.run(c.generate([1], 1)).base_url for _ in range(4)} == {"http://a:1"}
+    asyncio.run(c.reload_weights("/ckpt/v3", 3))
+    assert c.live_urls == ["http://a:1", "http://b:1"]
+
+
+def test_reload_error_on_a_live_server_still_fails():
+    # A server that answers but cannot reload is a bug, not a lost server: the step must fail.
+    fake = TwoServers(fail={"/collective_rpc": (500, "no such method")})
+    with pytest.raises(WeightSyncError):
+        asyncio.run(client(fake, urls=["http://a:1", "http://b:1"]).reload_weights("/ckpt/v5", 5))
+    with pytest.raises(WeightSyncError):
+        asyncio.run(client(TwoServers(dead={"a", "b"}), urls=["http://a:1", "http://b:1"]).reload_weights("/c", 1))
+
+
+def test_version_from_server_and_redraw_across_a_reload():
+    fake = TwoServers(weight_versions=["4"])
+    c = client(fake, version=0, version_from_server=True)
+    assert asyncio.run(c.generate([1], 2)).policy_version == 4
+    # The version changed during the request: the sample is drawn again, stamped with the new one.
+    fake.weight_versions = ["4", "5", "5", "5"]
+    n = sum(1 for _, p, _, _ in fake.calls if p == "/v1/completions")
+    assert asyncio.run(c.generate([1], 2)).policy_version == 5
+    assert sum(1 for _, p, _, _ in fake.calls if p == "/v1/completions") == n + 2
+    fake.weight_versions = [None]  # never reloaded: the client's own version
+    assert asyncio.run(c.generate([1], 2)).policy_version == 0
+
+
+def test_record_version_tells_every_server():
+    fake = FakeVLLM()
+    asyncio.run(client(fake, urls=["http://a:1", "http://b:1"]).record_version(3))
+    assert sorted((h, p, b["new_version"]) for h, p, _, b in fake.calls) == [
+        ("a", "/update_weight_version", "3"), ("b", "/update_weight_version", "3")]
+
+
 def test_build_command_cpu_and_gpu(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')
     cpu = build_command(tmp_path, InferenceConfig(max_model_len=4096), 9000)

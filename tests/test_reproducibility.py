@@ -4,9 +4,7 @@ real run's folder is never written."""
 
 from __future__ import annotations
 
-import os
 import pathlib
-import signal
 import subprocess
 import sys
 import time
@@ -77,16 +75,16 @@ def test_drift_fails_the_flow_run_visibly(prefect_api, two_copies):
 
 
 def test_scheduled_reruns_write_reports(prefect_ui, two_copies):
-    """The reproducibility deployment on a 10 s schedule against the session's server: scheduled flow runs
-    happen without anyone starting them and each writes the report table and the artifact."""
+    """The reproducibility deployment on a 10 s schedule, deployed to the session's work pool: the worker runs
+    scheduled flow runs without anyone starting them and each writes the report table and the artifact."""
     t0 = time.time()
     cmd = [sys.executable, "-m", "flows.deployments", "--only", "reproducibility", "--repro-baseline", "base",
            "--repro-rerun-id", "again", "--repro-store", two_copies.root, "--repro-interval", "10"]
-    log = open(prefect_ui.dir / "serve-repro.log", "w")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=prefect_ui.env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    out = subprocess.run(cmd, cwd=REPO, env=prefect_ui.env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    dep = prefect_ui.deployment("reproducibility", "reproducibility")
     try:
-        dep = prefect_ui.wait_for_run(lambda: _deployment(prefect_ui), 60, "reproducibility deployment registered")
+        assert dep["work_pool_name"] == prefect_ui.pool
         assert dep["schedules"] and dep["schedules"][0]["schedule"]["interval"] == 10
 
         def completed():
@@ -97,19 +95,12 @@ def test_scheduled_reruns_write_reports(prefect_ui, two_copies):
 
         done = prefect_ui.wait_for_run(completed, 180, "a scheduled reproducibility run completed")
         assert done[0]["parameters"]["baseline_run_id"] == "base"
+        prefect_ui.assert_ran_on_worker(done[0])
         c = [c for c in two_copies.commits("runs/again") if c.stage == "reproducibility"]
         assert c and c[-1].committed_at > t0
         arts = prefect_ui.api("POST", "/artifacts/filter",
                               json={"artifacts": {"flow_run_id": {"any_": [done[0]["id"]]}}})
         assert any("**reproduced**" in (a["data"] or "") for a in arts)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the runner pauses its schedule and exits
-        proc.wait(timeout=60)
-        log.close()
-
-
-def _deployment(ui):
-    try:
-        return ui.deployment("reproducibility", "reproducibility")
-    except Exception:
-        return None
+        # Deleting the deployment deletes its scheduled runs: the session's worker takes no more of them.
+        prefect_ui.api("DELETE", f"/deployments/{dep['id']}")

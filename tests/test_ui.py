@@ -14,7 +14,7 @@ from tests.fixtures.smoke_run import REPO, SMOKE_STORE_ROOT
 
 SCREENSHOT_DIR = REPO / ".rlvr" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-# Runs started from the session's UI (infra/ui.sh -> flows/deployments.py) go to the test store, never
+# Runs started from the session's UI (infra/ui.sh's worker -> flows/deployments.py) go to the test store, never
 # the user's .rlvr/store; set at import, before the session-scoped prefect_ui fixture copies the environment.
 os.environ["RLVR_UI_STORE"] = SMOKE_STORE_ROOT
 
@@ -84,7 +84,8 @@ def test_run_artifacts_in_a_flow_run(prefect_api, smoke_run):
 @pytest.mark.timeout(1800)
 def test_browser_runs_smoke_from_the_train_form(prefect_ui):
     """Deployments -> train -> Run -> Custom run -> preset smoke, a run id -> Submit; then the flow run's
-    page until Completed, and its Artifacts tab with the run summary (pass@k picture) and progress table."""
+    page until Completed (run by the work pool's worker), and its Artifacts tab with the run summary (pass@k
+    picture) and progress table."""
     from playwright.sync_api import expect, sync_playwright
 
     if not os.path.exists(CHROMIUM):
@@ -125,6 +126,8 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
 
             state = prefect_ui.wait_for_run(finished, 1500, f"flow run for {run_id} finished", poll=10)
             assert state["type"] == "COMPLETED", state
+            # Run by the worker on the `rlvr` pool, in a process of its own (not by whoever deployed).
+            prefect_ui.assert_ran_on_worker(prefect_ui.api("GET", f"/flow_runs/{runs[0]['id']}"))
             page.goto(run_page)
             expect(page.get_by_text("Completed").first).to_be_visible()
             page.locator(".p-tab").filter(has_text="Artifacts").click()

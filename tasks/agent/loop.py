@@ -75,6 +75,7 @@ class Episode:
     error: str | None = None
     final_patch: str = ""
     policy_versions: list[int] = field(default_factory=list)
+    servers: list[str] = field(default_factory=list)  # base URLs that generated its turns, first use order
     generation_seconds: float = 0.0
     sandbox_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -118,6 +119,8 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
                                       f"{len(ep.token_ids)} (first difference at "
                                       f"{_first_difference(out.prompt_token_ids, ep.token_ids)})")
         ep.policy_versions.append(out.policy_version)
+        if out.base_url and out.base_url not in ep.servers:
+            ep.servers.append(out.base_url)
         ep.append(list(out.token_ids), list(out.logprobs))
         ep.num_turns = turn + 1
         content, calls, errors = parse_tool_calls(tokenizer.decode(out.token_ids, skip_special_tokens=False)

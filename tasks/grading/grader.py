@@ -92,6 +92,7 @@ class GradeResult:
     test_output: str = ""  # the cleaned test log (capped); not part of the table
     harness_changes: list[str] = field(default_factory=list)  # "path: why" for each change removed
     env_reason: str = ""  # env_error: why the tests did not run (not part of the table)
+    node: str | None = None  # Ray node id it was graded on (tasks/cluster.py); None: this process
 
     def row(self, rollout_id: str, run_id: str, step: int, instance_id: str) -> dict:
         return {"rollout_id": rollout_id, "run_id": run_id, "step": int(step), "instance_id": instance_id,
@@ -99,7 +100,7 @@ class GradeResult:
                 "patch_applied": self.patch_applied, "test_statuses": json.dumps(self.test_statuses, sort_keys=True),
                 "attempts": self.attempts, "sandbox_start_seconds": self.sandbox_start_seconds,
                 "test_seconds": self.test_seconds, "total_seconds": self.total_seconds,
-                "harness_changes": self.harness_changes}
+                "harness_changes": self.harness_changes, "node": self.node}
 
 
 # -- the patch ------------------------------------------------------------------------------
@@ -333,14 +334,15 @@ def _sigterm_cleans_up() -> None:
         signal.signal(signal.SIGTERM, stop)
 
 
-def grade_rollouts(items, cfg, store, dedupe: bool = True, on_graded=None) -> pa.Table:
+def grade_rollouts(items, cfg, store, dedupe: bool = True, on_graded=None, pool=None) -> pa.Table:
     """Grade (rollout_id, run_id, step, task_row, patch) items with at most cfg.concurrency
     sandboxes at once; returns a validated REWARDS table in the items' order.
 
     dedupe: rollouts of one task with byte-identical patches are graded once and share the result
     (the hidden tests see the same files). Groups sampled at low temperature repeat themselves a
     lot (an evaluation's 4 samples, many empty patches), so this saves most gradings there.
-    on_graded(result), when given, is called from the pool as each distinct patch is graded."""
+    on_graded(result), when given, is called from the pool as each distinct patch is graded.
+    pool: where gradings run; None = a thread pool here (tasks/cluster.py: RayGrading, one Ray task each)."""
     items = list(items)
     _reap_once(cfg)
     _sigterm_cleans_up()
@@ -349,7 +351,7 @@ def grade_rollouts(items, cfg, store, dedupe: bool = True, on_graded=None) -> pa
     for k, (_, _, _, row, patch) in zip(keys, items):
         unique.setdefault(k, (row, patch))
     cancel = threading.Event()
-    pool = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency), thread_name_prefix="grade")
+    pool = pool or ThreadPoolExecutor(max_workers=max(1, cfg.concurrency), thread_name_prefix="grade")
     try:
         futures = {k: pool.submit(grade_patch, row, patch, cfg, store, cancel) for k, (row, patch) in unique.items()}
         if on_graded is not None:

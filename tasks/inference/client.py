@@ -11,14 +11,23 @@ Weight sync (`reload_weights`) follows the trainer: it pauses every server
 prefix cache (it holds KV computed with the old weights), records the version
 on the server and here, and resumes. Requests this client starts during a
 reload wait until it ends, so each Completion's policy_version is the version
-that produced all of its tokens.
+that produced all of its tokens. A client that does not drive the reloads (an
+episode on another node) sets `version_from_server`: it reads the server's own
+version around each request instead.
+
+Failover: a request to a server that is down (connection refused, reset, 5xx)
+goes to the next server at once, and the failed one is skipped for
+`failover_cooldown_s`. A server that a weight reload cannot reach is left out
+for good (it would serve old weights) until a later reload reaches it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -34,9 +43,11 @@ class ServerUnavailableError(InferenceError):
     """The server is down, unreachable, or its engine died. The request may be
     retried (on another server, or after a restart); its episode is intact."""
 
-    def __init__(self, base_url: str, reason: str):
+    def __init__(self, base_url: str, reason: str, unreachable: bool = False):
         super().__init__(f"vLLM server {base_url} unavailable: {reason}")
         self.base_url = base_url
+        # True: no answer at all (refused, reset, timed out), as from a dead process; False: a 5xx.
+        self.unreachable = unreachable
 
 
 class ContextLengthError(InferenceError):
@@ -49,6 +60,10 @@ class RequestRejectedError(InferenceError):
 
 class WeightSyncError(InferenceError):
     """A weight reload failed; the message says which server and which step."""
+
+    def __init__(self, message: str, base_url: str | None = None, unreachable: bool = False):
+        super().__init__(message)
+        self.base_url, self.unreachable = base_url, unreachable
 
 
 @dataclass
@@ -69,6 +84,11 @@ class _Endpoint:
     url: str
     in_flight: int = 0
     max_model_len: int | None = None
+    down_until: float = 0.0   # monotonic time before which requests go elsewhere (it just failed)
+    stale: bool = False       # a weight reload could not reach it: it may hold old weights
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,6 +111,12 @@ class PolicyClient:
     reload_method: str = "rlvr_reload_weights"
     # For tests: an httpx transport to use instead of the network.
     transport: httpx.AsyncBaseTransport | None = None
+    # After a server fails a request, send nothing to it for this long (others take its requests).
+    failover_cooldown_s: float = 30.0
+    # Stamp completions with the server's own weight version (GET /weight_info before and after
+    # the request; a sample that straddles a reload is drawn again), for clients that do not
+    # drive the reloads themselves. False: this client's `version`.
+    version_from_server: bool = False
 
     def __post_init__(self):
         if not self.base_urls:
@@ -129,11 +155,22 @@ class PolicyClient:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
-    def _pick(self) -> _Endpoint:
+    def _pick(self, tried: set[str] = frozenset()) -> _Endpoint | None:
+        """Least in-flight among live servers not yet tried (ties round-robin); servers in their
+        cooldown only when no other is left; None when every server was tried or is stale."""
         start = next(self._rr)
         n = len(self._endpoints)
         order = [self._endpoints[(start + i) % n] for i in range(n)]
-        return min(order, key=lambda e: e.in_flight)
+        usable = [e for e in order if not e.stale and e.url not in tried]
+        now = time.monotonic()
+        up = [e for e in usable if e.down_until <= now]
+        pool = up or usable
+        return min(pool, key=lambda e: e.in_flight) if pool else None
+
+    @property
+    def live_urls(self) -> list[str]:
+        """Servers that hold the current weights (a reload reached them)."""
+        return [e.url for e in self._endpoints if not e.stale]
 
     async def _max_model_len(self, ep: _Endpoint) -> int:
         if ep.max_model_len is None:
@@ -151,7 +188,7 @@ class PolicyClient:
             r = await http.request(method, url + path, **kw)
         except (httpx.TransportError, OSError) as e:
             # Connection refused/reset, timeouts, server died mid-request.
-            raise ServerUnavailableError(url, f"{type(e).__name__}: {e}") from e
+            raise ServerUnavailableError(url, f"{type(e).__name__}: {e}", unreachable=True) from e
         if r.status_code >= 500:
             raise ServerUnavailableError(url, f"HTTP {r.status_code} on {path}: {r.text[:500]}")
         if r.status_code >= 400:
@@ -169,10 +206,37 @@ class PolicyClient:
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, *, seed: int | None = None) -> Completion:
         """Sample one completion for `prompt_ids`. max_tokens is clipped to what
-        fits in the server's context; raises ContextLengthError if nothing fits."""
+        fits in the server's context; raises ContextLengthError if nothing fits.
+        A server that is down passes the request to the next one (the prompt is the
+        whole episode, so any server holding the same weights continues it exactly);
+        ServerUnavailableError only when every server failed it."""
         self._client()
         await self._not_reloading.wait()
-        ep = self._pick()
+        tried: set[str] = set()
+        last: ServerUnavailableError | None = None
+        redraws = 0
+        while True:
+            ep = self._pick(tried)
+            if ep is None:
+                raise last or ServerUnavailableError(
+                    ", ".join(e.url for e in self._endpoints), "every server holds old weights (a reload missed it)")
+            try:
+                out = await self._generate_on(ep, prompt_ids, max_tokens, temperature, top_p, seed)
+            except ServerUnavailableError as e:
+                tried.add(ep.url)
+                ep.down_until = time.monotonic() + self.failover_cooldown_s
+                last = e
+                if len(tried) < len(self._endpoints):
+                    log.warning("%s; trying another server", e)
+                continue
+            if out is None:  # a reload landed during the request: draw it again with the new weights
+                redraws += 1
+                if redraws > 5:
+                    raise InferenceError(f"{ep.url}: weights kept changing during one request")
+                continue
+            return out
+
+    async def _generate_on(self, ep: _Endpoint, prompt_ids, max_tokens, temperature, top_p, seed) -> Completion | None:
         ep.in_flight += 1
         version = self.version
         try:
@@ -197,7 +261,13 @@ class PolicyClient:
             }
             if seed is not None:
                 body["seed"] = seed
+            if self.version_from_server:
+                version = await self._weight_version(ep)
             data = await self._request(ep.url, "POST", "/v1/completions", json=body)
+            # A reload pauses the server first, so a request that finished under one version
+            # read before and after was sampled by it (server.py: pause mode "wait").
+            if self.version_from_server and await self._weight_version(ep) != version:
+                return None
         finally:
             ep.in_flight -= 1
         choice = data["choices"][0]
@@ -211,6 +281,15 @@ class PolicyClient:
             finish_reason=choice.get("finish_reason") or "abort", prompt_token_ids=list(seen),
             policy_version=version, base_url=ep.url, stop_reason=choice.get("stop_reason"),
         )
+
+    async def _weight_version(self, ep: _Endpoint) -> int:
+        """The server's recorded weight version; this client's `version` if it has none recorded
+        (a server started on the initial weights and never reloaded)."""
+        v = (await self._request(ep.url, "GET", "/weight_info")).get("weight_version")
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            return self.version
 
     async def health(self) -> dict[str, bool]:
         async def one(ep):
@@ -227,6 +306,12 @@ class PolicyClient:
         data = await self._request((base_url or self._endpoints[0].url).rstrip("/"), "GET", "/weight_info")
         return data.get("weight_version")
 
+    async def record_version(self, version: int) -> None:
+        """Record `version` on every server without reloading (a server just started on those
+        weights), so that clients with `version_from_server` read the right one."""
+        await asyncio.gather(*(self._request(ep.url, "POST", "/update_weight_version",
+                                             json={"new_version": str(version)}) for ep in self._endpoints))
+
     async def reload_weights(self, checkpoint_dir: str | os.PathLike, version: int, *,
                              pause_mode: str = "wait") -> None:
         """Load the HF checkpoint in `checkpoint_dir` (a directory the servers can
@@ -240,7 +325,21 @@ class PolicyClient:
         async with self._reload_lock:
             self._not_reloading.clear()
             try:
-                await asyncio.gather(*(self._reload_one(ep.url, path, version, pause_mode) for ep in self._endpoints))
+                # Every server, also those left out before: one that is back gets the new weights.
+                results = await asyncio.gather(*(self._reload_one(ep.url, path, version, pause_mode)
+                                                 for ep in self._endpoints), return_exceptions=True)
+                errors = [r for r in results if isinstance(r, BaseException)]
+                hard = [e for e in errors if not (isinstance(e, WeightSyncError) and e.unreachable)]
+                if hard or len(errors) == len(results):
+                    raise (hard or errors)[0]
+                # A server that did not answer at all (its process died) is left out until a
+                # later reload reaches it; the others carry on with the new weights.
+                for ep, r in zip(self._endpoints, results):
+                    ep.stale = isinstance(r, BaseException)
+                    if ep.stale:
+                        log.warning("left out of rotation until a reload reaches it: %s", r)
+                    else:
+                        ep.down_until = 0.0
                 self.version = version
             finally:
                 self._not_reloading.set()
@@ -254,7 +353,7 @@ class PolicyClient:
                 "method": self.reload_method, "kwargs": {"weights_path": path},
             })
             if "error" in out:
-                raise WeightSyncError(f"{url}: reload_weights: {out['error']}")
+                raise WeightSyncError(f"{url}: reload_weights: {out['error']}", url)
             step = "reset_prefix_cache"
             # Fails (success=false) while blocks are held; the engine is paused and drained, so retry briefly.
             for _ in range(20):
@@ -262,11 +361,14 @@ class PolicyClient:
                     break
                 await asyncio.sleep(0.1)
             else:
-                raise WeightSyncError(f"{url}: reset_prefix_cache kept failing")
+                raise WeightSyncError(f"{url}: reset_prefix_cache kept failing", url)
             step = "update_weight_version"
             await self._request(url, "POST", "/update_weight_version", json={"new_version": str(version)})
+        except WeightSyncError:
+            raise
         except InferenceError as e:
-            raise WeightSyncError(f"weight reload on {url} failed at {step}: {e}") from e
+            raise WeightSyncError(f"weight reload on {url} failed at {step}: {e}", url,
+                                  unreachable=getattr(e, "unreachable", False)) from e
         finally:
             # Never leave a server paused, whatever happened above.
             try:

@@ -1,0 +1,181 @@
+"""Rollouts and grading on a Ray cluster (a run's `cluster.address` set).
+
+The driver (the flow run) keeps everything it had: the step loop, the vLLM servers'
+weight sync, the store's tables, partial commits, progress. Only the per-item work moves:
+
+- an episode is one Ray task that runs `tasks.rollout.run_one` (one agent loop, its own
+  sandbox on the node where Ray scheduled it, its own PolicyClient over every live vLLM
+  server) and returns its trajectory row stamped with the node id;
+- a grading is one Ray task that runs `tasks.grading.grade_patch` and returns its result,
+  stamped the same way.
+
+Faults: Ray re-runs a task whose worker or node died (`cluster.max_task_retries`, system
+failures only); the driver keys rows by rollout id, so a re-run replaces nothing and loses
+nothing. A task still lost after its retries becomes an infra_error row (masked downstream,
+as a sandbox that never started), never a missing one. Errors of the episode itself
+(the inference servers gone for good, a bug) travel back as they would in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import threading
+
+# Environment the driver's settings live in (cache folders, the vLLM python): workers get it too.
+_PASSED_ENV_PREFIXES = ("RLVR_",)
+_connect_lock = threading.Lock()
+
+
+def connect(cluster) -> None:
+    """Join the Ray cluster at `cluster.address` once per process (a later call is a no-op)."""
+    import ray
+
+    with _connect_lock:
+        if ray.is_initialized():
+            return
+        env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV_PREFIXES)}
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
+        # Workers' prints stay in the cluster's logs: the run's own progress lines stay readable.
+        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": env} if env else None)
+        if sigterm is not None:  # ray.init makes SIGTERM a bare sys.exit: keep the run's clean stop (flows/main.py)
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _task_options(cluster, sandbox_backend: str, cpus: float) -> dict:
+    opts = dict(num_cpus=cpus, max_retries=cluster.max_task_retries, retry_exceptions=False,
+                # Over the nodes, not packed on the driver's: what a cluster is for.
+                scheduling_strategy="SPREAD")
+    if cluster.sandbox_resources:
+        opts["resources"] = {f"sandbox_{sandbox_backend}": 1}
+    return opts
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _is_lost(e: BaseException) -> bool:
+    """A Ray system failure (worker, node or object lost past the retries), not the task's own error."""
+    import ray
+
+    return (isinstance(e, ray.exceptions.RayError)
+            and not isinstance(e, (ray.exceptions.RayTaskError, ray.exceptions.TaskCancelledError)))
+
+
+def _own_error(e: BaseException) -> BaseException:
+    """The task's own exception, as raised in the worker (InferenceDown, ServerMismatchError, a bug)."""
+    import ray
+
+    if isinstance(e, ray.exceptions.RayTaskError) and isinstance(getattr(e, "cause", None), BaseException):
+        return e.cause
+    return e
+
+
+# -- rollouts --------------------------------------------------------------------------------
+def _episode(task: dict, sample: int, shared: tuple) -> dict:
+    """Runs on a worker: one episode through tasks.rollout.run_one -> its row, with the node id."""
+    from tasks.inference import PolicyClient
+    from tasks.rollout import run_one
+
+    spec, urls, version, stop_token_ids, tokenizer, cfg, store = shared
+
+    async def go():
+        # Its own client: it stamps each turn with the version of the server that sampled it.
+        async with PolicyClient(urls, stop_token_ids=stop_token_ids, version=version,
+                                version_from_server=True) as client:
+            return await run_one(task, sample, spec, client, tokenizer, cfg, store)
+
+    row = asyncio.run(go())
+    row["node"] = _node_id()
+    return row
+
+
+class RayEpisodes:
+    """`episode_runner` for tasks.rollout.collect: each episode a Ray task; awaiting it gives its row."""
+
+    def __init__(self, spec, client, tokenizer, cfg, store):
+        import ray
+
+        connect(cfg.cluster)
+        self.spec, self.version = spec, client.version
+        self.fn = ray.remote(_episode).options(**_task_options(cfg.cluster, cfg.sandbox.backend,
+                                                                 cfg.cluster.episode_cpus))
+        # Put once, shared by every episode of the stage (the tokenizer and config are not small).
+        self.shared = ray.put((spec, client.live_urls, client.version, list(client.stop_token_ids), tokenizer,
+                               cfg, store))
+
+    async def __call__(self, task: dict, sample: int) -> dict:
+        import ray
+
+        from tasks.rollout import infra_error_row
+
+        ref = self.fn.remote(task, sample, self.shared)
+        try:
+            return await asyncio.wrap_future(ref.future())
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # another episode failed for good: stop this one too
+            raise
+        except Exception as e:
+            if _is_lost(e):
+                return infra_error_row(self.spec, task, sample, f"ray: episode lost after retries: "
+                                       f"{type(e).__name__}: {e}", self.version)
+            raise _own_error(e) from None
+
+
+# -- grading ---------------------------------------------------------------------------------
+def _grade(fn, task_row: dict, patch: str, cfg, store):
+    """Runs on a worker: one grading -> its GradeResult, with the node id."""
+    res = fn(task_row, patch, cfg, store)
+    res.node = _node_id()
+    return res
+
+
+class RayGrading(concurrent.futures.Executor):
+    """The pool tasks.grading.grade_rollouts submits to: each grading a Ray task, its result a
+    concurrent future. A grading lost after Ray's retries resolves as an infra_error result."""
+
+    def __init__(self, cluster, sandbox_cfg, store):
+        import ray
+
+        connect(cluster)
+        self.fn = ray.remote(_grade).options(**_task_options(cluster, sandbox_cfg.backend, cluster.grading_cpus))
+        self.store = ray.put(store)
+        self.refs: list = []
+
+    def submit(self, fn, task_row, patch, cfg, store=None, cancel=None):
+        # `cancel` (a threading.Event) stays here: shutdown(cancel_futures=True) cancels the tasks.
+        from tasks.grading.grader import GradeResult
+
+        ref = self.fn.remote(fn, task_row, patch, cfg, self.store)
+        self.refs.append(ref)
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def done(f):
+            try:
+                out.set_result(f.result())
+            except BaseException as e:
+                if _is_lost(e):
+                    out.set_result(GradeResult(reward=None, grading_status="infra_error",
+                                               error=f"infra_error: ray: grading lost after retries: "
+                                                     f"{type(e).__name__}: {str(e)[:500]}"))
+                else:
+                    out.set_exception(_own_error(e))
+
+        ref.future().add_done_callback(done)
+        return out
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        import ray
+
+        if cancel_futures:
+            for ref in self.refs:
+                try:
+                    ray.cancel(ref)
+                except Exception:
+                    pass

@@ -1,0 +1,230 @@
+"""Past one machine: rollouts and grading on a real two-node Ray cluster (tests/fixtures/ray_cluster.py),
+two vLLM CPU servers, and the two faults: a node lost mid-stage, a server killed mid-step.
+
+The end-to-end tests run the smoke preset through `python -m flows.main` with cluster.address set and
+the servers as external base URLs, and read the committed tables: every rollout id exactly once per
+step, the Ray node and the server of every row. The node-loss run is one step on one server; the
+end-to-end run has two steps on both servers and kills the second server mid step 1 (the fixture's
+server is then gone: it is the module's last user).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.fixtures.smoke import REPO, flow_env, main_command, smoke_overrides
+
+
+# -- fast: configuration and the managed servers -----------------------------------------------
+def test_cluster_section_defaults_to_in_process():
+    from schemas.config import ClusterConfig, RunConfig
+    from schemas.presets import ConfigError, load_config
+
+    assert RunConfig().cluster.address is None and RunConfig().inference.num_servers == 1
+    cfg = load_config("smoke", ["cluster.address=127.0.0.1:6379", "cluster.max_task_retries=1",
+                                "inference.num_servers=2"])
+    assert cfg.cluster == ClusterConfig(address="127.0.0.1:6379", max_task_retries=1)
+    for bad in ("cluster.episode_cpus=0", "cluster.max_task_retries=true", "cluster.adress=x",
+                "inference.num_servers=0"):
+        with pytest.raises(ConfigError):
+            load_config("smoke", [bad])
+
+
+def test_managed_mode_starts_num_servers_and_the_client_spreads_over_them(monkeypatch, tmp_path):
+    import tasks.inference as inference
+    from flows.runtime import RunContext
+    from schemas.presets import load_config
+
+    started, stopped = [], []
+
+    class FakeServer:
+        def __init__(self, model_dir, cfg, log_dir=None):
+            self.base_url, self.log_path = f"http://127.0.0.1:{9000 + len(started)}", "log"
+
+        def start(self):
+            started.append(self)
+            return self
+
+        def stop(self):
+            stopped.append(self)
+
+    class Tok:
+        def convert_tokens_to_ids(self, token):
+            return 2
+
+    monkeypatch.setattr(inference, "VLLMServer", FakeServer)
+    ctx = RunContext(cfg=load_config("smoke", ["inference.num_servers=3"]), store=None, run_id="t",
+                     workdir=tmp_path, tokenizer=Tok())
+    try:
+        ctx.start_policy(tmp_path, 0, trainer=False)
+        assert len(started) == 3 and ctx.client.live_urls == [s.base_url for s in started]
+    finally:
+        ctx.close()
+    assert stopped == started
+
+
+# -- on the two-node cluster -------------------------------------------------------------------
+def _lost_on_purpose(task_row, patch, cfg, store):
+    os._exit(1)  # the worker process dies, as on a lost node
+
+
+def _grade_here(task_row, patch, cfg, store):
+    from tasks.grading.grader import GradeResult
+
+    time.sleep(0.5)  # long enough for the gradings to spread over both nodes
+    return GradeResult(reward=1.0 if patch == "good" else 0.0, grading_status="graded", patch_applied=True)
+
+
+@pytest.mark.slow
+def test_gradings_spread_over_both_nodes_and_a_lost_one_is_an_infra_error(ray_cluster):
+    import ray
+    import ray.cloudpickle
+
+    from schemas.config import ClusterConfig, SandboxConfig
+    from tasks.cluster import RayGrading
+
+    # The fake graders above live in this test module, which the cluster's workers cannot import.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    nodes = ray_cluster.node_ids()
+    cluster = ClusterConfig(address=ray_cluster.address, grading_cpus=0.25, max_task_retries=0)
+    try:
+        pool = RayGrading(cluster, SandboxConfig(), store=None)
+        futures = [pool.submit(_grade_here, {"instance_id": f"t{i}"}, "good" if i % 2 else "bad", SandboxConfig())
+                   for i in range(8)]
+        results = [f.result(timeout=120) for f in futures]
+        assert [r.reward for r in results] == [0.0, 1.0] * 4
+        assert {r.node for r in results} == set(nodes.values())
+        lost = pool.submit(_lost_on_purpose, {"instance_id": "x"}, "", SandboxConfig()).result(timeout=120)
+        assert lost.grading_status == "infra_error" and lost.reward is None and "ray:" in lost.error
+    finally:
+        ray.shutdown()
+
+
+def _wait_for(log, marker: str, proc, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while marker not in log.read_text(errors="replace"):
+        assert proc.poll() is None, f"run ended before {marker!r}:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"no {marker!r} within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def _run(run_id: str, overrides: dict, tmp_path, during=None) -> str:
+    """The smoke preset through flows.main; `during(log, proc)` runs while it does (the fault)."""
+    log = tmp_path / f"{run_id}.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(main_command(run_id, overrides), cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                env=flow_env(tmp_path / f"prefect-{run_id}"))
+        try:
+            if during is not None:
+                during(log, proc)
+            proc.wait(timeout=1800)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text(errors="replace")
+    assert proc.returncode in (0, 1), f"run failed (exit {proc.returncode}):\n{text[-6000:]}"
+    return text
+
+
+def _tables(run_id: str, overrides: dict) -> tuple:
+    """Per step: trajectories and rewards rows, each rollout id once, the same ids in both."""
+    from schemas.presets import load_config
+    from tasks.storage import Store
+
+    cfg = load_config("smoke", overrides)
+    store = Store.from_config(cfg.storage)
+    steps = {}
+    for step in range(1, cfg.max_steps + 1):
+        traj = store.read_stage(run_id, step, "trajectories").to_pylist()
+        rew = store.read_stage(run_id, step, "rewards").to_pylist()
+        ids = [r["rollout_id"] for r in traj]
+        assert len(ids) == len(set(ids)) == cfg.grpo.global_batch_size, (step, len(ids), len(set(ids)))
+        assert sorted(r["rollout_id"] for r in rew) == sorted(ids), step
+        steps[step] = (traj, rew)
+    return cfg, store, steps
+
+
+@pytest.fixture(scope="module")
+def second_server(smoke_server, tmp_path_factory):
+    """A second vLLM CPU server of the smoke base (data-parallel generation with smoke_server)."""
+    from tasks.inference import VLLMServer
+
+    server = VLLMServer(smoke_server.model_dir, smoke_server.cfg, log_dir=tmp_path_factory.mktemp("vllm-2"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def _overrides(ray_cluster, servers, **extra) -> dict:
+    # Two validation tasks: the in-process smoke test covers the full evaluation; here it is one more
+    # dispatch over the cluster, kept short.
+    return smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [s.base_url for s in servers],
+                              "cluster.address": ray_cluster.address, "cluster.episode_cpus": 0.25,
+                              "cluster.grading_cpus": 0.5, "eval.max_tasks": 2, **extra})
+
+
+@pytest.mark.slow
+def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, smoke_server, tmp_path):
+    from tasks.rollout import read_partial
+
+    run_id = f"test-cluster-nodeloss-{int(time.time())}"
+    overrides = _overrides(ray_cluster, [smoke_server], max_steps=1)
+    nodes = ray_cluster.node_ids()
+    seen = {}
+
+    def kill_the_worker_node(log, proc):
+        from schemas.presets import load_config
+        from tasks.storage import Store
+
+        _wait_for(log, "step 1 trajectories: start", proc)
+        deadline = time.monotonic() + 300
+        while not ray_cluster.worker_task_pids("_episode"):  # an episode is running on the worker node
+            assert proc.poll() is None and time.monotonic() < deadline, "no episode ever ran on the worker node"
+            time.sleep(0.1)
+        store = Store.from_config(load_config("smoke", overrides).storage)
+        seen["committed"] = set(read_partial(store, f"runs/{run_id}/step-00001/trajectories_partial.parquet"))
+        ray_cluster.kill_worker()
+
+    try:
+        _run(run_id, overrides, tmp_path, during=kill_the_worker_node)
+    finally:
+        ray_cluster.add_worker()  # the next test gets its two nodes back
+    cfg, store, steps = _tables(run_id, overrides)
+    traj1, rew1 = steps[1]
+    # Every episode not committed when the node died ran (again) on the head; none lost, none twice.
+    assert all(r["node"] == nodes["head"] for r in traj1 if r["rollout_id"] not in seen["committed"])
+    assert not [r for t, w in steps.values() for r in t + w if (r["error"] or "").startswith(("ray:", "infra_error: ray:"))]
+    assert all(r["node"] != nodes["worker"] for r in rew1)
+
+
+@pytest.mark.slow
+def test_smoke_run_on_two_nodes_and_two_servers_survives_a_server_killed_mid_step(
+        ray_cluster, smoke_server, second_server, tmp_path):
+    run_id = f"test-cluster-{int(time.time())}"
+    overrides = _overrides(ray_cluster, [smoke_server, second_server])
+
+    def kill_the_second_server(log, proc):
+        _wait_for(log, "step 1 trajectories: 4/", proc)  # requests in flight on both servers
+        os.killpg(second_server.pid, signal.SIGKILL)
+
+    log = _run(run_id, overrides, tmp_path, during=kill_the_second_server)
+    assert f"on the Ray cluster at {ray_cluster.address}" in log
+    cfg, store, steps = _tables(run_id, overrides)
+    traj = [r for t, _ in steps.values() for r in t]
+    rew = [r for _, w in steps.values() for r in w]
+    nodes = set(ray_cluster.node_ids().values())
+    assert {r["node"] for r in traj} == nodes and {r["node"] for r in rew} <= nodes
+    # Before the kill both servers generated; the failover and the weight sync left the dead one out.
+    assert {u for r in steps[1][0] for u in r["servers"] or []} == {smoke_server.base_url, second_server.base_url}
+    assert {u for r in steps[cfg.max_steps][0] for u in r["servers"] or []} == {smoke_server.base_url}
+    assert not [r for r in traj if r["finish_reason"] == "infra_error"]
+    # Synchronous or one step old (grpo.max_trajectory_age): the versions the servers reported.
+    for step, (t, _) in steps.items():
+        assert {r["policy_version"] for r in t} <= {step - 1, max(0, step - 2)}, step
