@@ -40,7 +40,7 @@ async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], 
     if ctx.cfg.cluster.address:
         from tasks.cluster import RayEpisodes
 
-        # One Ray task per episode, on the node Ray picks; rows come back here to be committed.
+        # Episodes in the nodes' runner actors, spread evenly; rows come back here to be committed.
         runner = RayEpisodes(spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store)
     where = f" on the Ray cluster at {ctx.cfg.cluster.address}" if runner else ""
     log(f"step {step} {stage}: start ({total} episodes, policy v{ctx.client.version}{where})")

@@ -157,7 +157,7 @@ async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, 
     `policy_factory(task, sample, sandbox)`, when given, makes each episode's policy (the scripted
     solver of the demonstrations); otherwise every episode samples from `policy`.
     `episode_runner(task, sample)`, when given, runs each episode elsewhere and returns its row
-    (tasks/cluster.py: RayEpisodes, one Ray task per episode, which calls run_one there).
+    (tasks/cluster.py: RayEpisodes, which calls run_one in a Ray actor on another node).
     """
     done = read_partial(store, partial_key) if partial_key and store is not None else {}
     writer = PartWriter(store, partial_key, "trajectories_partial", TRAJECTORIES, flush_every_s)

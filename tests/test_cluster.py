@@ -185,9 +185,10 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
 
         _wait_for(log, "step 1 trajectories: start", proc)
         deadline = time.monotonic() + 300
-        while not ray_cluster.worker_task_pids("_episode"):  # an episode is running on the worker node
+        # An episode is running on the worker node: its runner has started a sandbox (a child process).
+        while not [c for pid in ray_cluster.worker_task_pids("EpisodeRunner") for c in ray_cluster.children(pid)]:
             assert proc.poll() is None and time.monotonic() < deadline, "no episode ever ran on the worker node"
-            time.sleep(0.1)
+            time.sleep(0.02)
         store = Store.from_config(load_config("smoke", overrides).storage)
         seen["committed"] = set(read_partial(store, f"runs/{run_id}/step-00001/trajectories_partial.parquet"))
         ray_cluster.kill_worker()
@@ -198,6 +199,7 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
         ray_cluster.add_worker()  # the next test gets its two nodes back
     cfg, store, steps = _tables(run_id, overrides)
     traj1, rew1 = steps[1]
+    assert len(seen["committed"]) < len(traj1)  # the node died mid-stage
     # Every episode not committed when the node died ran (again) on the head; none lost, none twice.
     assert all(r["node"] == nodes["head"] for r in traj1 if r["rollout_id"] not in seen["committed"])
     assert not [r for t, w in steps.values() for r in t + w if (r["error"] or "").startswith(("ray:", "infra_error: ray:"))]
