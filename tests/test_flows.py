@@ -96,13 +96,14 @@ def _run_until(cmd, env, marker: str, timeout: float = 900) -> tuple[bool, str]:
 def test_resume_after_sigkill_mid_rollout_mid_update_mid_eval(smoke_server, tmp_path):
     run_id = f"test-resume-{int(time.time())}"
     overrides = smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [smoke_server.base_url],
-                                   "agent.partial_flush_s": 0, "grpo.async_rollouts": False})
+                                   "agent.partial_flush_s": 0, "grpo.async_rollouts": False,
+                                   "eval.max_tasks": 2})  # 8 evaluation episodes a step: enough to kill one mid-way
     cmd, env = main_command(run_id, overrides), flow_env(tmp_path)
     from tasks.storage import Store
 
     store = Store(overrides["storage"]["root"])
     history = []
-    for marker in ("step 1 trajectories: 4/8 episodes", "step 1 update: start", "step 2 eval_trajectories: 8/32"):
+    for marker in ("step 1 trajectories: 4/8 episodes", "step 1 update: start", "step 2 eval_trajectories: 4/8"):
         killed, out = _run_until(cmd, env, marker)
         assert killed, f"never saw {marker!r}:\n{out[-4000:]}"
         commits = {c.key: (c.committed_at, c.sha256) for c in store.commits(f"runs/{run_id}")}
