@@ -147,15 +147,11 @@ class ClusterConfig(_Strict):
     # Ray cluster for rollouts and grading: "auto" (the local node's cluster), "HOST:PORT" of a head
     # node, or "ray://HOST:10001" (Ray Client). None = everything in this process, as before.
     address: str | None = None
-    # Ray CPUs the episode runner of a node holds (tasks/cluster.py: one actor a node, running its
-    # episodes side by side; they mostly wait on vLLM and on their sandboxes). A node with fewer
-    # free CPUs gets no runner; the driver spreads agent.concurrency episodes evenly over the runners.
-    episode_cpus: float = Field(0.25, gt=0)
     # Ray CPUs one grading holds: the hidden tests run flat out in its sandbox.
     grading_cpus: float = Field(1.0, gt=0)
     # Custom Ray resource a node advertises when it can run sandboxes of a backend: "sandbox_bwrap" /
-    # "sandbox_docker" (`ray start --resources='{"sandbox_docker": 8}'`); a grading holds one unit, a
-    # node's episode runner one. False: any node with free CPUs takes episodes and gradings.
+    # "sandbox_docker" (`ray start --resources='{"sandbox_docker": 8}'`); a grading holds one unit, and
+    # only nodes that advertise it run episodes. False: any node with CPUs takes episodes and gradings.
     sandbox_resources: bool = False
     # Ray re-runs a task whose worker or node died this many times (system failures only; an
     # episode's own errors are handled inside it); past that it is recorded as an infra_error.

@@ -46,8 +46,8 @@ def connect(cluster) -> None:
             signal.signal(signal.SIGTERM, sigterm)
 
 
-def _task_options(cluster, sandbox_backend: str, cpus: float) -> dict:
-    opts = dict(num_cpus=cpus, max_retries=cluster.max_task_retries, retry_exceptions=False,
+def _grading_options(cluster, sandbox_backend: str) -> dict:
+    opts = dict(num_cpus=cluster.grading_cpus, max_retries=cluster.max_task_retries, retry_exceptions=False,
                 # Over the nodes, not packed on the driver's: what a cluster is for.
                 scheduling_strategy="SPREAD")
     if cluster.sandbox_resources:
@@ -109,24 +109,26 @@ _runners: dict = {}  # (Ray job id, node id) -> that node's EpisodeRunner, kept 
 
 
 def episode_runners(cluster, sandbox_backend: str) -> dict:
-    """{node id: EpisodeRunner} on every live node that can host one (CPUs for `episode_cpus`, and
-    the backend's sandbox resource when `sandbox_resources`). Started once per node; a node that
-    left drops out, one that joined gets a runner."""
+    """{node id: EpisodeRunner} on every live node with CPUs (and, with `sandbox_resources`, the
+    backend's sandbox resource). Started once per node; a node that left drops out, one that joined
+    gets a runner. A runner holds no Ray resources: its episodes wait on vLLM and their sandboxes,
+    and a held CPU would keep a one-CPU node from ever taking a grading."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     job = ray.get_runtime_context().get_job_id()
-    need = {"CPU": cluster.episode_cpus, **({f"sandbox_{sandbox_backend}": 1} if cluster.sandbox_resources else {})}
-    live = [n["NodeID"] for n in ray.nodes()
-            if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in need.items())]
+    need = ["CPU"] + ([f"sandbox_{sandbox_backend}"] if cluster.sandbox_resources else [])
+    live = [n["NodeID"] for n in ray.nodes() if n["Alive"] and all(n["Resources"].get(k, 0) > 0 for k in need)]
     for key in [k for k in _runners if k[0] != job or k[1] not in live]:
         del _runners[key]
     for node in live:
         if (job, node) not in _runners:
             _runners[(job, node)] = ray.remote(EpisodeRunner).options(
-                num_cpus=cluster.episode_cpus, resources={k: v for k, v in need.items() if k != "CPU"} or None,
-                max_concurrency=10_000,  # the driver bounds episodes in flight (agent.concurrency)
+                num_cpus=0, max_concurrency=10_000,  # the driver bounds episodes in flight (agent.concurrency)
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    if not live:
+        raise RuntimeError(f"no node of the Ray cluster at {cluster.address} can run episodes: none is alive "
+                           f"with {' and '.join(need)} (ray status shows each node's resources)")
     return {node: _runners[(job, node)] for node in live}
 
 
@@ -195,7 +197,13 @@ class RayGrading(concurrent.futures.Executor):
         import ray
 
         connect(cluster)
-        self.fn = ray.remote(_grade).options(**_task_options(cluster, sandbox_cfg.backend, cluster.grading_cpus))
+        opts = _grading_options(cluster, sandbox_cfg.backend)
+        need = {"CPU": cluster.grading_cpus, **opts.get("resources", {})}
+        if not any(n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in need.items()) for n in ray.nodes()):
+            # Ray would keep such a task pending forever.
+            raise RuntimeError(f"no node of the Ray cluster at {cluster.address} can take a grading: none is alive "
+                               f"with {need} (cluster.grading_cpus; ray status shows each node's resources)")
+        self.fn = ray.remote(_grade).options(**opts)
         self.store = ray.put(store)
         self.refs: list = []
 

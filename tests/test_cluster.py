@@ -30,7 +30,7 @@ def test_cluster_section_defaults_to_in_process():
     cfg = load_config("smoke", ["cluster.address=127.0.0.1:6379", "cluster.max_task_retries=1",
                                 "inference.num_servers=2"])
     assert cfg.cluster == ClusterConfig(address="127.0.0.1:6379", max_task_retries=1)
-    for bad in ("cluster.episode_cpus=0", "cluster.max_task_retries=true", "cluster.adress=x",
+    for bad in ("cluster.grading_cpus=0", "cluster.max_task_retries=true", "cluster.adress=x",
                 "inference.num_servers=0"):
         with pytest.raises(ConfigError):
             load_config("smoke", [bad])
@@ -87,7 +87,7 @@ def test_gradings_spread_over_both_nodes_and_a_lost_one_is_an_infra_error(ray_cl
     import ray.cloudpickle
 
     from schemas.config import ClusterConfig, SandboxConfig
-    from tasks.cluster import RayGrading
+    from tasks.cluster import RayGrading, episode_runners
 
     # The fake graders above live in this test module, which the cluster's workers cannot import.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -102,6 +102,11 @@ def test_gradings_spread_over_both_nodes_and_a_lost_one_is_an_infra_error(ray_cl
         assert {r.node for r in results} == set(nodes.values())
         lost = pool.submit(_lost_on_purpose, {"instance_id": "x"}, "", SandboxConfig()).result(timeout=120)
         assert lost.grading_status == "infra_error" and lost.reward is None and "ray:" in lost.error
+        # Work no node can take is refused up front (Ray would keep it pending forever).
+        with pytest.raises(RuntimeError, match="can take a grading.*'CPU': 2.0"):
+            RayGrading(ClusterConfig(address=ray_cluster.address, grading_cpus=2.0), SandboxConfig(), store=None)
+        with pytest.raises(RuntimeError, match="can run episodes.*sandbox_docker"):
+            episode_runners(ClusterConfig(address=ray_cluster.address, sandbox_resources=True), "docker")
     finally:
         ray.shutdown()
 
@@ -166,7 +171,7 @@ def _overrides(ray_cluster, servers, **extra) -> dict:
     # Two validation tasks: the in-process smoke test covers the full evaluation; here it is one more
     # dispatch over the cluster, kept short.
     return smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [s.base_url for s in servers],
-                              "cluster.address": ray_cluster.address, "cluster.episode_cpus": 0.25,
+                              "cluster.address": ray_cluster.address,
                               "cluster.grading_cpus": 0.5, "eval.max_tasks": 2, **extra})
 
 

@@ -8,8 +8,8 @@ time, and the machine's used memory before and after (Ray's own processes), are 
 Then rounds alternate in-process and on the cluster, side by side (ABAB...), each round on its own
 train tasks:
 - rollouts: `collect_rollouts` of `--episodes` training episodes at the preset's agent
-  concurrency; on the cluster each episode is a Ray task holding 2/concurrency CPUs, so both
-  modes run the same number of episodes at once;
+  concurrency, in this process or in the two nodes' episode runners (tasks/cluster.py), the same
+  number of episodes at once either way;
 - grading: the round's patches graded without dedupe, once by the local thread pool and once as
   Ray tasks (grading_cpus 1: two at once over the two nodes, as sandbox.concurrency is 2 here).
 Same cores either way, so no speed-up is expected: the ratio is the cluster's overhead.
@@ -79,8 +79,6 @@ def main():
         run_id = f"bench-cluster-{int(time.time())}"
         ctx, base = prepare_run_context("mini", [f"cluster.address={cluster.address}"], run_id)
         try:
-            conc = ctx.cfg.agent.concurrency
-            ctx.cfg.cluster.episode_cpus = 2 / conc  # two nodes of one CPU: `conc` episodes at once
             ctx.cfg.cluster.grading_cpus = 1.0
             t0 = time.perf_counter()
             connect(ctx.cfg.cluster)
