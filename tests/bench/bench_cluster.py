@@ -121,6 +121,9 @@ def main():
         finally:
             ctx.close()
     finally:
+        import ray
+
+        ray.shutdown()  # before its nodes go, so the driver does not report them as crashed
         cluster.stop()
 
     def med(key, mode=None):
