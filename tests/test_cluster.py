@@ -180,7 +180,7 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
     from tasks.rollout import read_partial
 
     run_id = f"test-cluster-nodeloss-{int(time.time())}"
-    overrides = _overrides(ray_cluster, [smoke_server], max_steps=1)
+    overrides = _overrides(ray_cluster, [smoke_server], max_steps=1, **{"agent.partial_flush_s": 0})
     nodes = ray_cluster.node_ids()
     seen = {}
 
@@ -194,9 +194,12 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
         while not [c for pid in ray_cluster.worker_task_pids("EpisodeRunner") for c in ray_cluster.children(pid)]:
             assert proc.poll() is None and time.monotonic() < deadline, "no episode ever ran on the worker node"
             time.sleep(0.02)
+        ray_cluster.kill_worker()
+        # What the worker node finished before it died reaches the driver and is committed at once
+        # (agent.partial_flush_s 0); after that, only episodes redone elsewhere can commit.
+        time.sleep(2)
         store = Store.from_config(load_config("smoke", overrides).storage)
         seen["committed"] = set(read_partial(store, f"runs/{run_id}/step-00001/trajectories_partial.parquet"))
-        ray_cluster.kill_worker()
 
     try:
         _run(run_id, overrides, tmp_path, during=kill_the_worker_node)
@@ -205,7 +208,7 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
     cfg, store, steps = _tables(run_id, overrides)
     traj1, rew1 = steps[1]
     assert len(seen["committed"]) < len(traj1)  # the node died mid-stage
-    # Every episode not committed when the node died ran (again) on the head; none lost, none twice.
+    # Every episode not committed by the time the node died ran (again) on the head; none lost, none twice.
     assert all(r["node"] == nodes["head"] for r in traj1 if r["rollout_id"] not in seen["committed"])
     assert not [r for t, w in steps.values() for r in t + w if (r["error"] or "").startswith(("ray:", "infra_error: ray:"))]
     assert all(r["node"] != nodes["worker"] for r in rew1)
