@@ -170,6 +170,7 @@ class RayEpisodes:
             except ray.exceptions.RayActorError as e:  # the runner died (its node or process): try another
                 lost.append(f"node {node[:12]}: {type(e).__name__}: {str(e)[:300]}")
                 self.runners.pop(node, None)
+                _runners.pop((ray.get_runtime_context().get_job_id(), node), None)  # the next stage starts a new one
             except Exception as e:
                 if _is_lost(e):
                     lost.append(f"{type(e).__name__}: {str(e)[:300]}")
