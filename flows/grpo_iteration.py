@@ -41,7 +41,7 @@ async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], 
         from tasks.cluster import RayEpisodes
 
         # Episodes in the nodes' runner actors, spread evenly; rows come back here to be committed.
-        runner = RayEpisodes(spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store)
+        runner = RayEpisodes(spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store, say=log)
     where = f" on the Ray cluster at {ctx.cfg.cluster.address}" if runner else ""
     log(f"step {step} {stage}: start ({total} episodes, policy v{ctx.client.version}{where})")
     return await collect([ctx.tasks[i] for i in instance_ids], spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store,

@@ -138,11 +138,11 @@ class RayEpisodes:
     process) is dropped and the episode sent to another, at most `max_task_retries` times; past
     that, or with no node left, the episode is an infra_error row."""
 
-    def __init__(self, spec, client, tokenizer, cfg, store):
+    def __init__(self, spec, client, tokenizer, cfg, store, say=print):
         import ray
 
         connect(cfg.cluster)
-        self.spec, self.version, self.cluster = spec, client.version, cfg.cluster
+        self.spec, self.version, self.cluster, self.say = spec, client.version, cfg.cluster, say
         self.runners = episode_runners(cfg.cluster, cfg.sandbox.backend)
         self.in_flight = dict.fromkeys(self.runners, 0)
         # Put once, shared by every episode of the stage (the tokenizer and config are not small).
@@ -169,6 +169,8 @@ class RayEpisodes:
                 raise
             except ray.exceptions.RayActorError as e:  # the runner died (its node or process): try another
                 lost.append(f"node {node[:12]}: {type(e).__name__}: {str(e)[:300]}")
+                self.say(f"episode {task['instance_id']}/{sample}: its runner on node {node[:12]} is lost "
+                         f"({type(e).__name__}); sent to another node")
                 self.runners.pop(node, None)
                 _runners.pop((ray.get_runtime_context().get_job_id(), node), None)  # the next stage starts a new one
             except Exception as e:

@@ -177,17 +177,13 @@ def _overrides(ray_cluster, servers, **extra) -> dict:
 
 @pytest.mark.slow
 def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, smoke_server, tmp_path):
-    from tasks.rollout import read_partial
+    import re
 
     run_id = f"test-cluster-nodeloss-{int(time.time())}"
-    overrides = _overrides(ray_cluster, [smoke_server], max_steps=1, **{"agent.partial_flush_s": 0})
+    overrides = _overrides(ray_cluster, [smoke_server], max_steps=1)
     nodes = ray_cluster.node_ids()
-    seen = {}
 
     def kill_the_worker_node(log, proc):
-        from schemas.presets import load_config
-        from tasks.storage import Store
-
         _wait_for(log, "step 1 trajectories: start", proc)
         deadline = time.monotonic() + 300
         # An episode is running on the worker node: its runner has started a sandbox (a child process).
@@ -195,21 +191,22 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
             assert proc.poll() is None and time.monotonic() < deadline, "no episode ever ran on the worker node"
             time.sleep(0.02)
         ray_cluster.kill_worker()
-        # What the worker node finished before it died reaches the driver and is committed at once
-        # (agent.partial_flush_s 0); after that, only episodes redone elsewhere can commit.
-        time.sleep(2)
-        store = Store.from_config(load_config("smoke", overrides).storage)
-        seen["committed"] = set(read_partial(store, f"runs/{run_id}/step-00001/trajectories_partial.parquet"))
 
     try:
-        _run(run_id, overrides, tmp_path, during=kill_the_worker_node)
+        log = _run(run_id, overrides, tmp_path, during=kill_the_worker_node)
     finally:
         ray_cluster.add_worker()  # the next test gets its two nodes back
     cfg, store, steps = _tables(run_id, overrides)
     traj1, rew1 = steps[1]
-    assert len(seen["committed"]) < len(traj1)  # the node died mid-stage
-    # Every episode not committed by the time the node died ran (again) on the head; none lost, none twice.
-    assert all(r["node"] == nodes["head"] for r in traj1 if r["rollout_id"] not in seen["committed"])
+    # The driver names each episode of the stage it had in flight on the lost node; each ran again on
+    # the head, and its row is there once (_tables), with no error. (Later stages may still try the
+    # node until Ray marks it dead, and are redone the same way.)
+    stage = log[log.index("step 1 trajectories: start"):log.index("step 1 rewards: start")]
+    redone = {f"{run_id}/s00001/{m}" for m in re.findall(
+        rf"episode (\S+/\d+): its runner on node {nodes['worker'][:12]} is lost", stage)}
+    assert redone, f"no episode was in flight on the worker node when it died:\n{log[-4000:]}"
+    by_id = {r["rollout_id"]: r for r in traj1}
+    assert redone <= set(by_id) and {by_id[i]["node"] for i in redone} == {nodes["head"]}
     assert not [r for t, w in steps.values() for r in t + w if (r["error"] or "").startswith(("ray:", "infra_error: ray:"))]
     assert all(r["node"] != nodes["worker"] for r in rew1)
 
