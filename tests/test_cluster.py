@@ -179,6 +179,8 @@ def _overrides(ray_cluster, servers, **extra) -> dict:
 def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, smoke_server, tmp_path):
     import re
 
+    from tasks.rollout import rollout_id
+
     run_id = f"test-cluster-nodeloss-{int(time.time())}"
     overrides = _overrides(ray_cluster, [smoke_server], max_steps=1)
     nodes = ray_cluster.node_ids()
@@ -202,8 +204,8 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
     # the head, and its row is there once (_tables), with no error. (Later stages may still try the
     # node until Ray marks it dead, and are redone the same way.)
     stage = log[log.index("step 1 trajectories: start"):log.index("step 1 rewards: start")]
-    redone = {f"{run_id}/s00001/{m}" for m in re.findall(
-        rf"episode (\S+/\d+): its runner on node {nodes['worker'][:12]} is lost", stage)}
+    redone = {rollout_id(run_id, 1, instance, int(sample)) for instance, sample in re.findall(
+        rf"episode (\S+)/(\d+): its runner on node {nodes['worker'][:12]} is lost", stage)}
     assert redone, f"no episode was in flight on the worker node when it died:\n{log[-4000:]}"
     by_id = {r["rollout_id"]: r for r in traj1}
     assert redone <= set(by_id) and {by_id[i]["node"] for i in redone} == {nodes["head"]}
