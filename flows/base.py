@@ -1,6 +1,6 @@
 """`make base`: build a base checkpoint from nothing and freeze it, as models/mini-base/ was made.
 
-    python -m flows.base [--preset mini] [--out models/mini-base] [section.field=value ...]
+    python -m flows.base [--preset mini] [--out models/mini-base] [--from DIR] [section.field=value ...]
 
     dataset          generated and verified in sandboxes (the same build `make run` does)
     tokenizer+init   a tokenizer trained on the train split's text and the tiny model's random weights
@@ -10,7 +10,8 @@
     evaluate         pass@k on every validation task, recorded in the manifest with the machine
 
 Every stage is cached in the store as `make run` caches it, so a rebuild that was cut
-resumes. `make run` then starts from the frozen base: no SFT runs on a user's machine.
+resumes. `--from DIR` adds the stages a frozen base lacks (the clean phase) to it, with the same
+keys, demonstrations and checks a rebuild from nothing uses, in minutes instead of hours. `make run` then starts from the frozen base: no SFT runs on a user's machine.
 """
 
 from __future__ import annotations
@@ -65,9 +66,54 @@ def _sft_stages(store, key: str) -> list[dict]:
     return stages[::-1]
 
 
+def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[str, str, list[dict], dict]:
+    """Extend a frozen base by the stages of cfg's chain it lacks (the clean phase), as a rebuild from
+    nothing would: the same init (its tokenizer checked against the base's), demonstrations and stage
+    keys. Returns (init key, new last stage's store key, every stage, what it continued from)."""
+    from flows.prepare import base_model, dataset_id_of, pool_phase
+    from schemas.config import SFTConfig
+    from tasks.dataset.build import tasks_sha256
+    from tasks.policy import base
+
+    manifest = base.read_manifest(base_dir)
+    if manifest is None:
+        raise base.BaseCheckpointError(f"{base_dir} has no {base.MANIFEST}: only a frozen base can be continued")
+    base.check_files(base_dir, manifest)
+    base.check_dataset(base_dir, manifest, dataset_id_of(tasks_key), tasks_sha256(store.read_table(tasks_key, stage="tasks")))
+    stages = manifest["recipe"]["stages"]
+    if not cfg.sft.clean_steps or any(s["stage"] == "clean phase" for s in stages):
+        raise base.BaseCheckpointError(f"{base_dir} already ends with every stage of this recipe: set sft.clean_steps "
+                                       "for a clean phase (a base that has one cannot get another)")
+    defaults = SFTConfig()
+    want = cfg.sft.model_copy(update={"clean_steps": 0, "clean_lr": defaults.clean_lr}).model_dump()
+    built = SFTConfig(**manifest["recipe"]["sft"]).model_dump()
+    differ = sorted(k for k in want if want[k] != built[k])
+    if differ:
+        raise base.BaseCheckpointError(f"{base_dir} was built with other sft settings than this recipe's earlier "
+                                       f"stages: " + ", ".join(f"{k} {built[k]} != {want[k]}" for k in differ))
+    init_key = base_model(cfg, store, tasks_key)
+    if init_key != manifest["recipe"]["init"]:
+        raise base.BaseCheckpointError(f"{base_dir} starts from {manifest['recipe']['init']}, this config from {init_key}")
+    last = stages[-1]["key"]
+    if not store.exists(last + ".commit"):  # the frozen weights stand in for the chain's last stage
+        store.put_dir(last, base_dir)
+        store.put_json(last + ".commit", {"built_at": time.time(), "stage": stages[-1]["stage"],
+                                          "from": str(base_dir), "imported_from": str(base_dir),
+                                          "demonstrations": stages[-1]["demonstrations"], "sft": manifest["recipe"]["sft"],
+                                          "metrics": {"steps": stages[-1]["steps"]}})
+    key = pool_phase(cfg, store, tasks_key, init_key, last, "clean phase")
+    continued = {"dir": str(base_dir.relative_to(REPO) if base_dir.is_relative_to(REPO) else base_dir),
+                 "code_version": manifest["code_version"], "built_at": manifest["built_at"],
+                 "build_seconds": manifest.get("build_seconds"), "evaluation": manifest["evaluation"],
+                 "sha256": base.weights_digest(manifest)}
+    return init_key, key, stages + _sft_stages(store, key)[-1:], continued
+
+
 @flow(name="base")
-def build_base(preset: str = "mini", overrides: dict | None = None, out: str | None = None) -> dict:
-    """Build the preset's base checkpoint from nothing, freeze it into `out` and measure it."""
+def build_base(preset: str = "mini", overrides: dict | None = None, out: str | None = None,
+               continue_from: str | None = None) -> dict:
+    """Build the preset's base checkpoint from nothing (or by adding the missing stages to the frozen
+    base `continue_from`), freeze it into `out` and measure it."""
     from flows.prepare import _local_model, dataset_id_of, prepare_config
     from flows.runtime import RunContext, load_tasks, work_root
     from schemas.presets import load_config, set_dotted
@@ -81,22 +127,31 @@ def build_base(preset: str = "mini", overrides: dict | None = None, out: str | N
     cfg = load_config(preset, overrides)
     out_dir = pathlib.Path(out or REPO / "models" / f"{preset}-base").resolve()
     t0 = time.monotonic()
-    prepared = prepare_config(cfg)
     store = Store.from_config(cfg.storage)
-    tasks = store.read_table(prepared["tasks"], stage="tasks")
+    command = "make base"
+    if continue_from:
+        tasks_key = prepare_config(cfg, dataset_only=True)["tasks"]
+        init_key, base_key, stages, continued = continue_base(cfg, store, tasks_key, pathlib.Path(continue_from).resolve())
+        command = f"make base ARGS='--from {continued['dir']}'"
+    else:
+        prepared = prepare_config(cfg)
+        tasks_key, init_key, base_key = prepared["tasks"], prepared["model"], prepared["base_model"]
+        stages, continued = _sft_stages(store, base_key), None
+    tasks = store.read_table(tasks_key, stage="tasks")
     provenance = {
-        "built_by": {"command": "make base", "flow": "flows/base.py", "preset": preset,
+        "built_by": {"command": command, "flow": "flows/base.py", "preset": preset,
                      "overrides": {k: v for k, v in overrides.items() if k != "storage"}},
         "code_version": code_version(),
         "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "dataset": {"id": dataset_id_of(prepared["tasks"]), "tasks_sha256": tasks_sha256(tasks),
+        "dataset": {"id": dataset_id_of(tasks_key), "tasks_sha256": tasks_sha256(tasks),
                     "num_tasks": tasks.num_rows, "config": cfg.dataset.model_dump()},
         "recipe": {"model": cfg.model.model_dump(), "sft": cfg.sft.model_dump(),
-                   "prompt_style": cfg.agent.prompt_style, "init": prepared["model"],
-                   "stages": _sft_stages(store, prepared["base_model"])},
+                   "prompt_style": cfg.agent.prompt_style, "init": init_key, "stages": stages},
     }
-    manifest = base.freeze(_local_model(cfg, store, prepared["base_model"]), out_dir, provenance)
-    log(f"base: froze {prepared['base_model']} into {out_dir} "
+    if continued:
+        provenance["continued_from"] = continued
+    manifest = base.freeze(_local_model(cfg, store, base_key), out_dir, provenance)
+    log(f"base: froze {base_key} into {out_dir} "
         f"({sum(f['bytes'] for f in manifest['files'].values()) / 1e6:.1f} MB)")
 
     # Measure what was shipped (the bf16 files), through the same checks and evaluation a run does.
@@ -133,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="mini")
     ap.add_argument("--out", help="checkpoint directory to write (default models/<preset>-base)")
+    ap.add_argument("--from", dest="continue_from", metavar="DIR",
+                    help="add the recipe's missing stages (the clean phase) to the frozen base DIR, not from nothing")
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
     from flows.main import prefect_defaults
@@ -144,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    manifest = build_base(preset=args.preset, overrides=parse_overrides(args.overrides), out=args.out)
+    manifest = build_base(preset=args.preset, overrides=parse_overrides(args.overrides), out=args.out,
+                          continue_from=args.continue_from)
     print(json.dumps(manifest["evaluation"], indent=1))
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -24,6 +25,10 @@ def prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # One model file: transformers' per-shard progress bars only add noise to the first screen.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # torchao on import: a failed load per CUDA kernel library and a torch deprecation line per
+    # enum it registers. Not ours, not actionable on a CPU machine; real errors still show.
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def stop_on_signals() -> None:

@@ -29,7 +29,7 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 
 from flows.runtime import EventLoopThread, Progress, RunContext, config_json, load_tasks, log, work_root
-from schemas.config import RunConfig
+from schemas.config import RunConfig, SFTConfig
 from schemas.presets import load_config
 from tasks.storage import Store
 
@@ -197,7 +197,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
 
 # SFT settings added after stores were first built: they join a checkpoint's key only when set.
 _LATER_SFT_FIELDS = ("mistake_demonstrations", "blind_edit_demonstrations", "restart_cycles", "habit_steps",
-                     "habit_lr", "habit_blind_edits", "seed")
+                     "habit_lr", "habit_blind_edits", "seed", "clean_steps", "clean_lr")
 
 
 def _sft_key(model_key: str, demos_key: str, sft, seed: int) -> str:
@@ -229,9 +229,14 @@ def warm_start(cfg: RunConfig, store: Store, model_key: str, demos_key: str, sta
     return key
 
 
+# A stage's own settings: the later stages' are reset, so that adding a stage keeps earlier keys.
+_BEFORE_POOL_PHASES = {"restart_cycles": 0, "habit_steps": 0, "clean_steps": 0, "clean_lr": SFTConfig().clean_lr}
+
+
 def warm_start_stages(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, demos_key: str) -> str:
-    """The base checkpoint: the warm start, its restart cycles, then the habit phase (schemas/config.py: SFTConfig)."""
-    plain = {"restart_cycles": 0, "habit_steps": 0}
+    """The base checkpoint: the warm start, its restart cycles, the habit phase, then the clean phase
+    (schemas/config.py: SFTConfig)."""
+    plain = _BEFORE_POOL_PHASES
     key = warm_start(cfg.model_copy(update={"sft": cfg.sft.model_copy(update=plain)}), store, model_key, demos_key)
     cycle = cfg.sft.model_copy(update={**plain, "max_steps": (cfg.sft.max_steps or 0) // cfg.sft.cosine_cycles
                                        or None, "cosine_cycles": 1})
@@ -239,14 +244,24 @@ def warm_start_stages(cfg: RunConfig, store: Store, tasks_key: str, model_key: s
         key = warm_start(cfg.model_copy(update={"sft": cycle}), store, key, demos_key,
                          stage=f"restart cycle {i + 1}/{cfg.sft.restart_cycles}")
     if cfg.sft.habit_steps:
-        habit = cfg.sft.model_copy(update={**plain, "demonstrations_per_task": 0,
-                                           "blind_edit_demonstrations": cfg.sft.habit_blind_edits,
-                                           "lr": cfg.sft.habit_lr, "max_steps": cfg.sft.habit_steps,
-                                           "cosine_cycles": 1})
-        habit_cfg = cfg.model_copy(update={"sft": habit})
-        habit_demos = demonstrations(habit_cfg, store, tasks_key, model_key)
-        key = warm_start(habit_cfg, store, key, habit_demos, stage="habit phase")
+        key = pool_phase(cfg, store, tasks_key, model_key, key, "habit phase")
+    if cfg.sft.clean_steps:
+        key = pool_phase(cfg, store, tasks_key, model_key, key, "clean phase")
     return key
+
+
+def pool_phase(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, key: str, stage: str) -> str:
+    """One SFT run from `key` on the warm-start pool's demonstrations only: the habit phase (a share
+    of them edit unread code) or the clean phase (none do)."""
+    habit = stage == "habit phase"
+    sft = cfg.sft.model_copy(update={
+        **_BEFORE_POOL_PHASES, "demonstrations_per_task": 0, "cosine_cycles": 1,
+        "blind_edit_demonstrations": cfg.sft.habit_blind_edits if habit else 0.0,
+        "lr": cfg.sft.habit_lr if habit else cfg.sft.clean_lr,
+        "max_steps": cfg.sft.habit_steps if habit else cfg.sft.clean_steps})
+    phase_cfg = cfg.model_copy(update={"sft": sft})
+    demos = demonstrations(phase_cfg, store, tasks_key, model_key)
+    return warm_start(phase_cfg, store, key, demos, stage=stage)
 
 
 def _local_model(cfg: RunConfig, store: Store, key: str) -> pathlib.Path:

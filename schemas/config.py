@@ -300,6 +300,11 @@ class SFTConfig(_Strict):
     habit_steps: int = Field(0, ge=0)
     habit_lr: float = Field(5e-4, gt=0)
     habit_blind_edits: float = Field(0.5, ge=0.0, le=1.0)
+    # The clean phase, after the habit phase: clean_steps SFT steps (lr clean_lr, cosine to 0) on the
+    # pool's demonstrations with no blind edits. It takes back part of the habit, and so sets how far
+    # below the quality gate the base starts (the gate asks for >= 0.10 below and GRPO reaching it).
+    clean_steps: int = Field(0, ge=0)
+    clean_lr: float = Field(2e-4, gt=0)
     # The warm start's own seed (demonstrations' choices, SFT's init and data order): the run's
     # `seed` varies only the timed GRPO run, whose starting checkpoint is fixed, as the reference's is.
     seed: int = 0
@@ -312,8 +317,8 @@ class SFTConfig(_Strict):
 
     @model_validator(mode="after")
     def _habit_needs_pool(self):
-        if self.habit_steps and self.pool_tasks == 0:
-            raise ValueError("sft.habit_steps > 0 needs sft.pool_tasks > 0: the habit phase's "
+        if (self.habit_steps or self.clean_steps) and self.pool_tasks == 0:
+            raise ValueError("sft.habit_steps or sft.clean_steps > 0 needs sft.pool_tasks > 0: their "
                              "demonstrations come from the warm-start pool")
         return self
 

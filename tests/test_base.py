@@ -27,7 +27,12 @@ def test_shipped_base_matches_its_manifest_and_the_mini_dataset():
     assert cfg.model.path == "models/mini-base"
     ev = manifest["evaluation"]
     assert ev["num_tasks"] == 251 and ev["k"] == 4 and ev["pass_at_k"] <= cfg.eval.target - 0.10
-    assert manifest["built_by"]["command"] == "make base"
+    assert manifest["built_by"]["command"].startswith("make base")
+    stages = [s["stage"] for s in manifest["recipe"]["stages"]]
+    assert stages[:2] == ["warm start", "restart cycle 1/2"] and "habit phase" in stages
+    if "continued_from" in manifest:  # a clean phase added to an earlier frozen base: say which
+        assert stages[-1] == "clean phase" and manifest["recipe"]["sft"]["clean_steps"] > 0
+        assert manifest["continued_from"]["evaluation"]["pass_at_k"] < ev["pass_at_k"]
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +143,30 @@ def test_guard_names_both_tasks_tables(smoke_base):
         check_dataset(out, manifest, manifest["dataset"]["id"], tasks_sha256="f" * 64)
     assert manifest["dataset"]["tasks_sha256"] in str(e.value) and "f" * 64 in str(e.value)
     check_dataset(out, manifest, manifest["dataset"]["id"], manifest["dataset"]["tasks_sha256"])
+
+
+def test_continuing_a_base_checks_its_recipe_before_anything_runs(smoke_base, smoke_prepared, monkeypatch):
+    import flows.prepare as prepare
+    from flows.base import continue_base
+    from tasks.storage import Store
+
+    out, manifest, overrides = smoke_base
+
+    def never(*a, **k):
+        raise AssertionError("a stage started before the base was checked")
+
+    monkeypatch.setattr(prepare, "base_model", never)
+    monkeypatch.setattr(prepare, "pool_phase", never)
+
+    def extend(**sft):
+        cfg = load_config("smoke", {**overrides, "sft": sft})
+        return continue_base(cfg, Store.from_config(cfg.storage), smoke_prepared["tasks"], out)
+
+    with pytest.raises(BaseCheckpointError, match=r"already ends with every stage of this recipe"):
+        extend()
+    # The smoke base had no warm-start pool: a recipe with one is another chain, not a continuation.
+    with pytest.raises(BaseCheckpointError, match=r"other sft settings .*pool_tasks 0 != 4"):
+        extend(pool_tasks=4, clean_steps=2)
 
 
 def test_tasks_sha256_ignores_where_archives_live_and_sees_content():
