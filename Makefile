@@ -14,7 +14,9 @@ run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
 
 # Rebuild the shipped base from nothing (dataset, demonstrations, the SFT warm-start chain, evaluation)
-# into models/mini-base/ (ARGS="--out DIR" elsewhere): about 2 h on 2 cores. `make run` never needs it.
+# into models/mini-base/ (ARGS="--out DIR" elsewhere): about 3.5 h on 2 cores (the SFT stages recorded
+# in its manifest take 3.1 h). `make run` never needs it. ARGS="--from models/mini-base sft.clean_steps=N"
+# adds a clean phase to the shipped base instead (minutes).
 base: setup
 	$(PY) -m flows.base --preset mini $(ARGS)
 

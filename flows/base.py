@@ -10,8 +10,8 @@
     evaluate         pass@k on every validation task, recorded in the manifest with the machine
 
 Every stage is cached in the store as `make run` caches it, so a rebuild that was cut
-resumes. `--from DIR` adds the stages a frozen base lacks (the clean phase) to it, with the same
-keys, demonstrations and checks a rebuild from nothing uses, in minutes instead of hours. `make run` then starts from the frozen base: no SFT runs on a user's machine.
+resumes. `--from DIR` adds the stages a frozen base lacks (the clean phase) to it, with the
+demonstrations, settings and checks a rebuild from nothing uses, in minutes instead of hours. `make run` then starts from the frozen base: no SFT runs on a user's machine.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def _sft_stages(store, key: str) -> list[dict]:
 
 def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[str, str, list[dict], dict]:
     """Extend a frozen base by the stages of cfg's chain it lacks (the clean phase), as a rebuild from
-    nothing would: the same init (its tokenizer checked against the base's), demonstrations and stage
-    keys. Returns (init key, new last stage's store key, every stage, what it continued from)."""
+    nothing would: the same init (its key checked against the base's), demonstrations and settings,
+    from the frozen bf16 weights. Returns (init key, the new stage's store key, every stage, what it
+    continued from)."""
     from flows.prepare import base_model, dataset_id_of, pool_phase
     from schemas.config import SFTConfig
     from tasks.dataset.build import tasks_sha256
@@ -94,19 +95,18 @@ def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[s
     init_key = base_model(cfg, store, tasks_key)
     if init_key != manifest["recipe"]["init"]:
         raise base.BaseCheckpointError(f"{base_dir} starts from {manifest['recipe']['init']}, this config from {init_key}")
-    last = stages[-1]["key"]
-    if not store.exists(last + ".commit"):  # the frozen weights stand in for the chain's last stage
-        store.put_dir(last, base_dir)
-        store.put_json(last + ".commit", {"built_at": time.time(), "stage": stages[-1]["stage"],
-                                          "from": str(base_dir), "imported_from": str(base_dir),
-                                          "demonstrations": stages[-1]["demonstrations"], "sft": manifest["recipe"]["sft"],
-                                          "metrics": {"steps": stages[-1]["steps"]}})
-    key = pool_phase(cfg, store, tasks_key, init_key, last, "clean phase")
+    # The frozen bf16 weights under a key of their own: never mistaken for the chain's fp32 stage.
+    frozen = f"models/frozen-{base.weights_digest(manifest)}"
+    if not store.exists(frozen + ".commit"):
+        store.put_dir(frozen, base_dir)
+        store.put_json(frozen + ".commit", {"built_at": time.time(), "imported_from": str(base_dir),
+                                            "stages": [s["key"] for s in stages]})
+    key = pool_phase(cfg, store, tasks_key, init_key, frozen, "clean phase")
     continued = {"dir": str(base_dir.relative_to(REPO) if base_dir.is_relative_to(REPO) else base_dir),
                  "code_version": manifest["code_version"], "built_at": manifest["built_at"],
                  "build_seconds": manifest.get("build_seconds"), "evaluation": manifest["evaluation"],
                  "sha256": base.weights_digest(manifest)}
-    return init_key, key, stages + _sft_stages(store, key)[-1:], continued
+    return init_key, key, stages + _sft_stages(store, key), continued
 
 
 @flow(name="base")
