@@ -10,8 +10,9 @@
     evaluate         pass@k on every validation task, recorded in the manifest with the machine
 
 Every stage is cached in the store as `make run` caches it, so a rebuild that was cut
-resumes. `--from DIR` adds the stages a frozen base lacks (the clean phase) to it, with the
-demonstrations, settings and checks a rebuild from nothing uses, in minutes instead of hours. `make run` then starts from the frozen base: no SFT runs on a user's machine.
+resumes. `--from DIR` adds to a frozen base the stages this recipe has beyond its own (more restart
+cycles, then the habit phase again; a clean phase), with the demonstrations, settings and checks
+a rebuild from nothing uses: minutes to half an hour, not hours. `make run` then starts from the frozen base: no SFT runs on a user's machine.
 """
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ def _sft_stages(store, key: str) -> list[dict]:
 
 
 def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[str, str, list[dict], dict]:
-    """Extend a frozen base by the stages of cfg's chain it lacks (the clean phase), as a rebuild from
-    nothing would: the same init (its key checked against the base's), demonstrations and settings,
-    from the frozen bf16 weights. Returns (init key, the new stage's store key, every stage, what it
-    continued from)."""
-    from flows.prepare import base_model, dataset_id_of, pool_phase
+    """Extend a frozen base by what cfg's chain adds to the chain that built it: more restart cycles
+    (then the habit phase again, as the chain ends with it) and/or a clean phase. The same init (its
+    key checked against the base's), demonstrations and stage settings as a rebuild from nothing,
+    from the frozen bf16 weights. Returns (init key, the last stage's store key, every stage, what
+    it continued from)."""
+    from flows.prepare import base_model, dataset_id_of, demonstrations, later_stages
     from schemas.config import SFTConfig
     from tasks.dataset.build import tasks_sha256
     from tasks.policy import base
@@ -80,14 +82,18 @@ def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[s
     if manifest is None:
         raise base.BaseCheckpointError(f"{base_dir} has no {base.MANIFEST}: only a frozen base can be continued")
     base.check_files(base_dir, manifest)
-    base.check_dataset(base_dir, manifest, dataset_id_of(tasks_key), tasks_sha256(store.read_table(tasks_key, stage="tasks")))
-    stages = manifest["recipe"]["stages"]
-    if not cfg.sft.clean_steps or any(s["stage"] == "clean phase" for s in stages):
-        raise base.BaseCheckpointError(f"{base_dir} already ends with every stage of this recipe: set sft.clean_steps "
-                                       "for a clean phase (a base that has one cannot get another)")
-    defaults = SFTConfig()
-    want = cfg.sft.model_copy(update={"clean_steps": 0, "clean_lr": defaults.clean_lr}).model_dump()
-    built = SFTConfig(**manifest["recipe"]["sft"]).model_dump()
+    base.check_dataset(base_dir, manifest, dataset_id_of(tasks_key),
+                       tasks_sha256(store.read_table(tasks_key, stage="tasks")))
+    stages, built = manifest["recipe"]["stages"], SFTConfig(**manifest["recipe"]["sft"])
+    more_cycles = cfg.sft.restart_cycles > built.restart_cycles
+    if not more_cycles and (not cfg.sft.clean_steps or any(s["stage"] == "clean phase" for s in stages)):
+        raise base.BaseCheckpointError(
+            f"{base_dir} already ends with every stage of this recipe: raise sft.restart_cycles above "
+            f"{built.restart_cycles} or set sft.clean_steps for a clean phase")
+    # What may differ: the stages added. Everything else is the recipe the base was built with.
+    added = {"restart_cycles": built.restart_cycles, "clean_steps": 0, "clean_lr": SFTConfig().clean_lr}
+    want = cfg.sft.model_copy(update=added).model_dump()
+    built = built.model_dump()
     differ = sorted(k for k in want if want[k] != built[k])
     if differ:
         raise base.BaseCheckpointError(f"{base_dir} was built with other sft settings than this recipe's earlier "
@@ -101,7 +107,9 @@ def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[s
         store.put_dir(frozen, base_dir)
         store.put_json(frozen + ".commit", {"built_at": time.time(), "imported_from": str(base_dir),
                                             "stages": [s["key"] for s in stages]})
-    key = pool_phase(cfg, store, tasks_key, init_key, frozen, "clean phase")
+    demos_key = demonstrations(cfg, store, tasks_key, init_key) if more_cycles else None
+    key = later_stages(cfg, store, tasks_key, init_key, demos_key, frozen, cycles_done=built["restart_cycles"],
+                       habit=more_cycles)
     continued = {"dir": str(base_dir.relative_to(REPO) if base_dir.is_relative_to(REPO) else base_dir),
                  "code_version": manifest["code_version"], "built_at": manifest["built_at"],
                  "build_seconds": manifest.get("build_seconds"), "evaluation": manifest["evaluation"],
@@ -189,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="mini")
     ap.add_argument("--out", help="checkpoint directory to write (default models/<preset>-base)")
     ap.add_argument("--from", dest="continue_from", metavar="DIR",
-                    help="add the recipe's missing stages (the clean phase) to the frozen base DIR, not from nothing")
+                    help="add the stages this recipe has beyond the frozen base DIR's (restart cycles, clean phase)")
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
     from flows.main import prefect_defaults

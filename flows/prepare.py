@@ -236,14 +236,21 @@ _BEFORE_POOL_PHASES = {"restart_cycles": 0, "habit_steps": 0, "clean_steps": 0, 
 def warm_start_stages(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, demos_key: str) -> str:
     """The base checkpoint: the warm start, its restart cycles, the habit phase, then the clean phase
     (schemas/config.py: SFTConfig)."""
-    plain = _BEFORE_POOL_PHASES
-    key = warm_start(cfg.model_copy(update={"sft": cfg.sft.model_copy(update=plain)}), store, model_key, demos_key)
-    cycle = cfg.sft.model_copy(update={**plain, "max_steps": (cfg.sft.max_steps or 0) // cfg.sft.cosine_cycles
-                                       or None, "cosine_cycles": 1})
-    for i in range(cfg.sft.restart_cycles):
+    key = warm_start(cfg.model_copy(update={"sft": cfg.sft.model_copy(update=_BEFORE_POOL_PHASES)}), store,
+                     model_key, demos_key)
+    return later_stages(cfg, store, tasks_key, model_key, demos_key, key)
+
+
+def later_stages(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, demos_key: str, key: str,
+                 cycles_done: int = 0, habit: bool = True) -> str:
+    """From checkpoint `key`: restart cycles cycles_done+1.. sft.restart_cycles (each a fresh AdamW,
+    max_steps / cosine_cycles steps at lr), the habit phase (if `habit`), the clean phase."""
+    cycle = cfg.sft.model_copy(update={**_BEFORE_POOL_PHASES, "cosine_cycles": 1,
+                                       "max_steps": (cfg.sft.max_steps or 0) // cfg.sft.cosine_cycles or None})
+    for i in range(cycles_done, cfg.sft.restart_cycles):
         key = warm_start(cfg.model_copy(update={"sft": cycle}), store, key, demos_key,
                          stage=f"restart cycle {i + 1}/{cfg.sft.restart_cycles}")
-    if cfg.sft.habit_steps:
+    if cfg.sft.habit_steps and habit:
         key = pool_phase(cfg, store, tasks_key, model_key, key, "habit phase")
     if cfg.sft.clean_steps:
         key = pool_phase(cfg, store, tasks_key, model_key, key, "clean phase")

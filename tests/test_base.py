@@ -169,6 +169,23 @@ def test_continuing_a_base_checks_its_recipe_before_anything_runs(smoke_base, sm
         extend(pool_tasks=4, clean_steps=2)
 
 
+def test_continuing_a_base_adds_a_restart_cycle_from_its_frozen_weights(smoke_base, smoke_prepared):
+    from flows.base import continue_base
+    from tasks.policy.base import weights_digest
+    from tasks.storage import Store
+
+    out, manifest, overrides = smoke_base
+    cfg = load_config("smoke", {**overrides, "sft": {"restart_cycles": 1}})
+    store = Store.from_config(cfg.storage)
+    init, key, stages, continued = continue_base(cfg, store, smoke_prepared["tasks"], out)
+    assert init == manifest["recipe"]["init"] and continued["sha256"] == weights_digest(manifest)
+    assert [s["stage"] for s in stages] == [s["stage"] for s in manifest["recipe"]["stages"]] + ["restart cycle 1/1"]
+    record = store.get_json(key + ".commit")
+    assert record["from"] == f"models/frozen-{weights_digest(manifest)}"  # the shipped bf16 weights, not a chain key
+    assert record["demonstrations"] == smoke_prepared["demonstrations"] and record["metrics"]["steps"] >= 1
+    assert key not in {s["key"] for s in manifest["recipe"]["stages"]}
+
+
 def test_tasks_sha256_ignores_where_archives_live_and_sees_content():
     import pyarrow as pa
 
