@@ -15,8 +15,8 @@ run: setup
 
 # Rebuild the shipped base from nothing (dataset, demonstrations, the SFT warm-start chain, evaluation)
 # into models/mini-base/ (ARGS="--out DIR" elsewhere): about 3.5 h on 2 cores (the SFT stages recorded
-# in its manifest take 3.1 h). `make run` never needs it. ARGS="--from models/mini-base sft.clean_steps=N"
-# adds a clean phase to the shipped base instead (minutes).
+# in its manifest take 3.1 h). `make run` never needs it. ARGS="--from models/mini-base sft.restart_cycles=3"
+# adds stages (restart cycles, then the habit phase again; or sft.clean_steps) to the shipped base instead.
 base: setup
 	$(PY) -m flows.base --preset mini $(ARGS)
 

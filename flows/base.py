@@ -10,9 +10,10 @@
     evaluate         pass@k on every validation task, recorded in the manifest with the machine
 
 Every stage is cached in the store as `make run` caches it, so a rebuild that was cut
-resumes. `--from DIR` adds to a frozen base the stages this recipe has beyond its own (more restart
+resumes. `make run` then starts from the frozen base: no SFT runs on a user's machine.
+`--from DIR` adds to a frozen base the stages this recipe has beyond its own (more restart
 cycles, then the habit phase again; a clean phase), with the demonstrations, settings and checks
-a rebuild from nothing uses: minutes to half an hour, not hours. `make run` then starts from the frozen base: no SFT runs on a user's machine.
+a rebuild from nothing uses: minutes to half an hour, not hours.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[s
     if init_key != manifest["recipe"]["init"]:
         raise base.BaseCheckpointError(f"{base_dir} starts from {manifest['recipe']['init']}, this config from {init_key}")
     # The frozen bf16 weights under a key of their own: never mistaken for the chain's fp32 stage.
-    frozen = f"models/frozen-{base.weights_digest(manifest)}"
+    digest = base.weights_digest(manifest)
+    frozen = f"models/frozen-{digest}"
     if not store.exists(frozen + ".commit"):
         store.put_dir(frozen, base_dir)
         store.put_json(frozen + ".commit", {"built_at": time.time(), "imported_from": str(base_dir),
@@ -113,7 +115,7 @@ def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[s
     continued = {"dir": str(base_dir.relative_to(REPO) if base_dir.is_relative_to(REPO) else base_dir),
                  "code_version": manifest["code_version"], "built_at": manifest["built_at"],
                  "build_seconds": manifest.get("build_seconds"), "evaluation": manifest["evaluation"],
-                 "sha256": base.weights_digest(manifest)}
+                 "sha256": digest}
     return init_key, key, stages + _sft_stages(store, key), continued
 
 

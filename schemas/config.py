@@ -301,8 +301,8 @@ class SFTConfig(_Strict):
     habit_lr: float = Field(5e-4, gt=0)
     habit_blind_edits: float = Field(0.5, ge=0.0, le=1.0)
     # The clean phase, after the habit phase: clean_steps SFT steps (lr clean_lr, cosine to 0) on the
-    # pool's demonstrations with no blind edits. It takes back part of the habit, and so sets how far
-    # below the quality gate the base starts (the gate asks for >= 0.10 below and GRPO reaching it).
+    # pool's demonstrations with no blind edits: it takes the habit back (on the mini benchmark 20
+    # steps at 1e-4 take back nearly all of it: docs/history.md). 0 = none.
     clean_steps: int = Field(0, ge=0)
     clean_lr: float = Field(2e-4, gt=0)
     # The warm start's own seed (demonstrations' choices, SFT's init and data order): the run's

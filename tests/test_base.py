@@ -97,6 +97,15 @@ def test_prepare_starts_from_a_given_base_without_sft(smoke_base, monkeypatch):
     assert prepared["base_weights"]
 
 
+def _forbid(monkeypatch, module, *names):
+    """Make each named stage of `module` fail the test if it starts: the checks must come first."""
+    def never(*a, **k):
+        raise AssertionError("a stage started before the base was checked")
+
+    for name in names:
+        monkeypatch.setattr(module, name, never)
+
+
 def _copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
     shutil.copytree(src, dst)
     return dst
@@ -106,12 +115,7 @@ def test_guards_fail_before_anything_starts(smoke_base, tmp_path, monkeypatch):
     import flows.prepare as prepare
 
     out, manifest, overrides = smoke_base
-
-    def never(*a, **k):
-        raise AssertionError("a stage started before the base was checked")
-
-    monkeypatch.setattr(prepare, "sandbox_image", never)
-    monkeypatch.setattr(prepare, "dataset", never)
+    _forbid(monkeypatch, prepare, "sandbox_image", "dataset")
 
     def run_with(path):
         return prepare.prepare_config(load_config("smoke", {**overrides, "model": {"path": str(path)}}))
@@ -151,12 +155,7 @@ def test_continuing_a_base_checks_its_recipe_before_anything_runs(smoke_base, sm
     from tasks.storage import Store
 
     out, manifest, overrides = smoke_base
-
-    def never(*a, **k):
-        raise AssertionError("a stage started before the base was checked")
-
-    monkeypatch.setattr(prepare, "base_model", never)
-    monkeypatch.setattr(prepare, "pool_phase", never)
+    _forbid(monkeypatch, prepare, "base_model", "demonstrations", "later_stages")
 
     def extend(**sft):
         cfg = load_config("smoke", {**overrides, "sft": sft})
