@@ -13,10 +13,10 @@ export PYTHONUNBUFFERED := 1
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
 
-# Rebuild the shipped base from nothing (dataset, demonstrations, the SFT warm-start chain, evaluation)
-# into models/mini-base/ (ARGS="--out DIR" elsewhere): about 3.5 h on 2 cores (the SFT stages recorded
-# in its manifest take 3.1 h). `make run` never needs it. ARGS="--from models/mini-base sft.restart_cycles=3"
-# adds stages (restart cycles, then the habit phase again; or sft.clean_steps) to the shipped base instead.
+# Build a base from nothing (dataset, demonstrations, the SFT warm-start chain, evaluation) into
+# models/mini-base/ (ARGS="--out DIR" elsewhere): about 3.5 h on 2 cores. `make run` never needs it.
+# ARGS="--from DIR sft.restart_cycles=3" adds stages to a frozen base (a restart cycle, then the habit
+# phase again; or sft.clean_steps): ~35 min. The shipped base is the first, then the second on it.
 base: setup
 	$(PY) -m flows.base --preset mini $(ARGS)
 

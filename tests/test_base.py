@@ -30,9 +30,13 @@ def test_shipped_base_matches_its_manifest_and_the_mini_dataset():
     assert manifest["built_by"]["command"].startswith("make base")
     stages = [s["stage"] for s in manifest["recipe"]["stages"]]
     assert stages[:2] == ["warm start", "restart cycle 1/2"] and "habit phase" in stages
-    if "continued_from" in manifest:  # a clean phase added to an earlier frozen base: say which
-        assert stages[-1] == "clean phase" and manifest["recipe"]["sft"]["clean_steps"] > 0
-        assert manifest["continued_from"]["evaluation"]["pass_at_k"] < ev["pass_at_k"]
+    if "continued_from" in manifest:  # stages added to an earlier frozen base (make base --from): say which
+        sft = manifest["recipe"]["sft"]
+        cycles = [s for s in stages if s.startswith("restart cycle")]
+        assert len(cycles) == sft["restart_cycles"] and cycles[-1] == f"restart cycle {sft['restart_cycles']}/" \
+            f"{sft['restart_cycles']}"
+        assert stages[-1] == ("clean phase" if sft["clean_steps"] else "habit phase")
+        assert manifest["continued_from"]["sha256"] and manifest["continued_from"]["evaluation"]["num_tasks"] == 251
 
 
 @pytest.fixture(scope="module")
