@@ -119,6 +119,12 @@ def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[s
     return init_key, key, stages + _sft_stages(store, key), continued
 
 
+def _dotted(tree: dict, prefix: str = ""):
+    """{"sft": {"restart_cycles": 3}} -> ("sft.restart_cycles", 3): overrides as they were typed."""
+    for k, v in tree.items():
+        yield from _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+
 @flow(name="base")
 def build_base(preset: str = "mini", overrides: dict | None = None, out: str | None = None,
                continue_from: str | None = None) -> dict:
@@ -142,7 +148,9 @@ def build_base(preset: str = "mini", overrides: dict | None = None, out: str | N
     if continue_from:
         tasks_key = prepare_config(cfg, dataset_only=True)["tasks"]
         init_key, base_key, stages, continued = continue_base(cfg, store, tasks_key, pathlib.Path(continue_from).resolve())
-        command = f"make base ARGS='--from {continued['dir']}'"
+        command = f"make base ARGS='--from {continued['dir']}"
+        command += "".join(f" {k}={v}" for k, v in _dotted(overrides) if k != "model.path" and
+                           not k.startswith("storage.")) + "'"
     else:
         prepared = prepare_config(cfg)
         tasks_key, init_key, base_key = prepared["tasks"], prepared["model"], prepared["base_model"]

@@ -28,6 +28,9 @@ def test_shipped_base_matches_its_manifest_and_the_mini_dataset():
     ev = manifest["evaluation"]
     assert ev["num_tasks"] == 251 and ev["k"] == 4 and ev["pass_at_k"] <= cfg.eval.target - 0.10
     assert manifest["built_by"]["command"].startswith("make base")
+    from flows.base import _dotted  # the command says every override it was built with
+    for k, v in _dotted(manifest["built_by"]["overrides"]):
+        assert k == "model.path" or f"{k}={v}" in manifest["built_by"]["command"], (k, v)
     stages = [s["stage"] for s in manifest["recipe"]["stages"]]
     assert stages[:2] == ["warm start", "restart cycle 1/2"] and "habit phase" in stages
     if "continued_from" in manifest:  # stages added to an earlier frozen base (make base --from): say which
