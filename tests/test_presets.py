@@ -31,6 +31,8 @@ def test_overrides_apply_with_types():
     (["grpo.truncated_importance_sampling_type=icepop", "grpo.truncated_importance_sampling_ratio_min=null"],
      "needs truncated_importance_sampling_ratio and truncated_importance_sampling_ratio_min set"),
     (["grpo.ratio_clip_c=1"], "ratio_clip_c must be > 1"),
+    (['inference.speculative_config={"method": "ngram", "num_speculative_tokens": 4}'],
+     "inference.speculative_config on CPU"),
 ])
 def test_invalid_values_fail_clearly(override, needle):
     with pytest.raises(ConfigError, match=None) as e:

@@ -91,6 +91,11 @@ def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int)
         # rlvr_reload_weights: reload + the CPU fixes (see vllm_ext/rlvr_vllm_ext.py).
         "--worker-extension-cls", WORKER_EXTENSION,
     ]
+    if cfg.device == "cpu" and cfg.cpu_executor == "uni":
+        cmd += ["--distributed-executor-backend", "uni"]
+    if cfg.speculative_config:
+        cmd += ["--speculative-config", json.dumps(cfg.speculative_config)]
+    cmd += list(cfg.extra_args)
     if cfg.enforce_eager if cfg.enforce_eager is not None else cfg.device == "cpu":
         cmd.append("--enforce-eager")
     if cfg.device == "gpu":
@@ -120,8 +125,11 @@ def build_env(cfg: InferenceConfig, model_dir: str | os.PathLike) -> dict[str, s
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_gib)
         if cfg.cpu_threads:
             env["OMP_NUM_THREADS"] = str(cfg.cpu_threads)
+        if cfg.cpu_executor == "uni":
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM's CPU platform turns uni back into mp
         if _model_type(pathlib.Path(model_dir)).startswith("qwen3_5"):
             env.update(_cpu_qwen3_5_env())
+    env.update(cfg.extra_env)
     return env
 
 
