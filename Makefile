@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
-	bench-import bench-cluster base
+	bench-import bench-cluster bench-levers bench-ceiling base
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -83,6 +83,15 @@ bench-overlap: setup
 # SFT step speed by variant, on prepare's tiny model and demonstrations (ARGS="MODEL_DIR DEMOS.parquet").
 bench-sft: venv
 	$(PY) tests/bench/bench_sft.py $(ARGS)
+
+# Rollout settings side by side, one step's batch each, interleaved (ARGS="--variant NAME='{overrides}' ...").
+bench-levers: setup
+	$(PY) tests/bench/bench_levers.py $(ARGS)
+
+# One recorded step against this machine's decode ceiling and the agent loop's overheads
+# (ARGS="--step-dir .rlvr/store/runs/RUN/step-00001").
+bench-ceiling: setup
+	$(PY) tests/bench/bench_ceiling.py $(ARGS)
 
 # Time to train over seeds, one `make run` each, prepare shared (ARGS="--seeds 0,1,2 [-- key=value ...]").
 bench-seeds: setup

@@ -3,6 +3,7 @@ mapping, endpoint choice, the weight-reload call sequence, the command line."""
 
 import asyncio
 import json
+import os
 
 import httpx
 import pytest
@@ -266,6 +267,18 @@ def test_build_command_cpu_and_gpu(tmp_path):
     env = build_env(InferenceConfig(cpu_kvcache_gib=3, cpu_threads=2), tmp_path)
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["OMP_NUM_THREADS"] == "2" and env["PYTHONPATH"].endswith("vllm_ext")
+    # CPU: the model in the engine core's process unless asked otherwise; vLLM needs both settings.
+    assert "--distributed-executor-backend uni" in joined and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    mp = InferenceConfig(cpu_executor="mp")
+    assert "--distributed-executor-backend" not in " ".join(build_command(tmp_path, mp, 9000))
+    assert build_env(mp, tmp_path).get("VLLM_ENABLE_V1_MULTIPROCESSING") == os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    assert "--distributed-executor-backend" not in gpu
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    extra = InferenceConfig(speculative_config=spec, extra_args=["--max-num-batched-tokens", "4096"],
+                            extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0-1"})
+    joined = " ".join(build_command(tmp_path, extra, 9000))
+    assert f"--speculative-config {json.dumps(spec)}" in joined and "--max-num-batched-tokens 4096" in joined
+    assert build_env(extra, tmp_path)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
 
 
 def test_qwen3_5_on_cpu_is_bf16(tmp_path):
