@@ -84,7 +84,7 @@ bench-overlap: setup
 bench-sft: venv
 	$(PY) tests/bench/bench_sft.py $(ARGS)
 
-# Rollout settings side by side, one step's batch each, interleaved (ARGS="--variant NAME='{overrides}' ...").
+# Rollout settings side by side, one step's batch each, interleaved (ARGS="--variant NAME key=value ... --variant ...").
 bench-levers: setup
 	$(PY) tests/bench/bench_levers.py $(ARGS)
 

@@ -1,9 +1,9 @@
 """Rollout levers side by side: one GRPO step's rollouts under each variant, interleaved (a benchmark).
 
-    python tests/bench/bench_levers.py --variant base='{}' \
-        --variant ngram='{"inference": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}}'
+    python tests/bench/bench_levers.py --variant mp inference.cpu_executor=mp --variant uni \
+        --variant c64 agent.concurrency=64 inference.max_num_seqs=64
 
-Each variant is a set of config overrides on the mini preset (inference.* starts its own vLLM
+Each variant is a name and config overrides on the mini preset (key=value, as `make run` takes them) (inference.* starts its own vLLM
 server, agent.* changes how episodes run). All servers serve the same checkpoint (default: the
 shipped base) and stay up; each round runs every variant, in turn, on the same training batch
 (`grpo.prompts_per_step` tasks x `generations_per_prompt` samples at `agent.concurrency`, real
@@ -70,7 +70,8 @@ def spec_counters(base_url: str) -> dict[str, float]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variant", action="append", required=True, help="NAME=JSON overrides (repeat)")
+    ap.add_argument("--variant", action="append", nargs="+", required=True, metavar="NAME [KEY=VALUE ...]",
+                    help="a variant: its name, then its overrides of the mini preset (repeat)")
     ap.add_argument("--checkpoint", help="model dir (default: the shipped base)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json-out")
@@ -78,15 +79,12 @@ def main():
 
     from flows.grpo_iteration import collect_rollouts, training_batch_ids
     from flows.prepare import prepare_run_context
-    from schemas.presets import load_config
+    from schemas.presets import load_config, parse_overrides
     from tasks.inference import PolicyClient, VLLMServer
     from tasks.policy.tokenizer import IM_END
     from tasks.sandbox.base import sandbox_cpu_seconds
 
-    variants = {}
-    for item in args.variant:
-        name, _, raw = item.partition("=")
-        variants[name] = json.loads(raw or "{}")
+    variants = {name: parse_overrides(overrides) for name, *overrides in args.variant}
     ctx, base = prepare_run_context("mini", {}, f"bench-levers-{int(time.time())}")
     model_dir = pathlib.Path(args.checkpoint or base["base_model_dir"])
     ctx.start_policy(model_dir, version=0, trainer=False)  # the tokenizer, the loop; its server is "base"'s
