@@ -130,8 +130,7 @@ class InferenceConfig(_Strict):
     cpu_kvcache_gib: int = Field(2, ge=1)
     # CPU only: where the model runs. "uni": in the engine core's own process (vLLM's UniProcExecutor,
     # which on CPU needs VLLM_ENABLE_V1_MULTIPROCESSING=0); "mp": in a worker process of its own, whose
-    # message-queue polling with the engine core took a core from the sandboxes (rollouts 2-3x slower
-    # on 2 cores, docs/history.md).
+    # message-queue polling with the engine core takes a core from the sandboxes (docs/history.md).
     cpu_executor: Literal["uni", "mp"] = "uni"
     # CPU only: OpenMP threads of the engine; None = vLLM's choice (it drops to 1 on 2 cores).
     cpu_threads: int | None = Field(None, ge=1)

@@ -48,8 +48,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"path": "models/mini-base", "hidden_size": 256, "num_layers": 4, "num_heads": 4,
                   "num_kv_heads": 2, "intermediate_size": 768, "num_experts": 8, "num_experts_per_tok": 2,
                   "vocab_size": 4096, "max_position_embeddings": 4096},
-        # Every episode of a step in flight at once: larger decode batches, no tail of waves
-        # (rollouts 22.8 s against 28.6 s at 32, docs/history.md).
+        # Every episode of a step in flight at once: larger decode batches, no tail of waves.
         "inference": {"max_model_len": 4096, "max_num_seqs": 128},
         "agent": {"max_turns": 8, "max_context_tokens": 4096, "prompt_style": "short", "concurrency": 128,
                   "command_timeout_s": 20, "episode_timeout_s": 300,
