@@ -31,9 +31,28 @@ def prefect_defaults() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+class QuietPermanentErrors(logging.Filter):
+    """Prefect logs the exception of a failed flow or task run with its traceback; for an error
+    that a rerun cannot fix, `main`'s one line says all of it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from schemas.presets import PermanentError
+
+        return not (record.exc_info and isinstance(record.exc_info[1], PermanentError))
+
+
+def quiet_permanent_errors() -> None:
+    import prefect  # noqa: F401  (configures its loggers on import: add to them after)
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).addFilter(QuietPermanentErrors())
+
+
 def stop_on_signals() -> None:
     """Ctrl-C and SIGTERM raise KeyboardInterrupt in the main thread, so every `finally` stops the
-    run's servers and sandboxes; a process started in the background inherits SIGINT ignored."""
+    run's servers and sandboxes; a process started in the background inherits SIGINT ignored.
+    While a flow runs, Prefect's own SIGTERM handler raises TerminationSignal instead: both are
+    a stop (`flows.runtime.stop_signal`)."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -42,13 +61,14 @@ def stop_on_signals() -> None:
 
 
 def start_prefect_api() -> None:
-    """Start Prefect's temporary API server now, with SIGINT blocked (a blocked signal stays blocked
-    across exec): a Ctrl-C to the terminal's process group must not kill the API the run reports
-    to while the run is stopping, which made a stop wait on retries for ~90 s. No-op with
-    PREFECT_API_URL set (a real server)."""
+    """Start Prefect's temporary API server now, with SIGINT and SIGTERM blocked (a blocked signal
+    stays blocked across exec): a Ctrl-C or a SIGTERM to the run's process group must not kill
+    the API the run reports to while the run is stopping, which made a stop wait on retries for
+    a minute or two. Prefect stops it at exit with SIGTERM, which it no longer hears: it is
+    killed instead (its SQLite database is transactional). No-op with PREFECT_API_URL set."""
     if os.environ.get("PREFECT_API_URL"):
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         from prefect.client.orchestration import get_client
 
@@ -56,6 +76,11 @@ def start_prefect_api() -> None:
             client.hello()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    from prefect.server.api.server import SubprocessASGIServer
+
+    for server in SubprocessASGIServer._instances.values():
+        if server.server_process is not None:
+            server.server_process.terminate = server.server_process.kill
 
 
 def print_summary(s: dict) -> None:
@@ -106,37 +131,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
     prefect_defaults()
-    from schemas.presets import ConfigError, load_config, parse_overrides
-    from tasks.storage import RunIdError, check_run_id
+    from schemas.presets import PermanentError, check_runnable, load_config, parse_overrides
+    from tasks.storage import check_run_id
 
     run_id = args.run_id or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         check_run_id(run_id)
-        load_config(args.preset, args.overrides)  # fail in the first second on a bad value
-    except (ConfigError, RunIdError) as e:
+        check_runnable(load_config(args.preset, args.overrides))  # fail in the first second on a bad value
+    except PermanentError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     stop_on_signals()
+    quiet_permanent_errors()
     print(f"rlvr-flows: run {run_id} (preset {args.preset}): starting Prefect's API, then prepare", flush=True)
     from tasks.supervise import watch
 
     watch(os.getpid())  # ends what this run started if it is killed outright
     resume = f"rerun with --run-id {run_id} to resume it (make run ARGS=\"--run-id {run_id} ...\")"
-    from tasks.policy.base import BaseCheckpointError
+    from flows.runtime import stop_signal
 
     try:
         start_prefect_api()
         from flows.train import train
 
         summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=run_id)
-    except KeyboardInterrupt as e:
-        print(f"\ninterrupted ({e or 'SIGINT'}): committed stages are kept, the stage in progress is not; "
-              f"{resume}", file=sys.stderr)
-        return 130
-    except (ConfigError, BaseCheckpointError) as e:
+    except PermanentError as e:  # a rerun meets it again: no traceback, no resume hint
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception:
+    except BaseException as e:
+        signame = stop_signal(e)
+        if signame is not None:
+            print(f"\nstopped by {signame}: committed stages are kept, the stage in progress is not; "
+                  f"{resume}", file=sys.stderr)
+            return 128 + signal.Signals[signame].value
+        if not isinstance(e, Exception):
+            raise  # SystemExit and the like
         import traceback
 
         traceback.print_exc()
@@ -145,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary)
     if args.json:
         print(json.dumps(summary, indent=1))
-    # 0: target reached; 1: ran to max_steps without reaching it; 2: bad configuration; 3: failed; 130: interrupted
+    # 0: target reached; 1: ran to max_steps without reaching it; 2: an error a rerun cannot fix (bad
+    # configuration, missing model, unsupported store); 3: failed; 130/143: stopped by SIGINT/SIGTERM
     return 0 if summary["status"] == "succeeded" else 1
 
 

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import pathlib
+import signal
 import sys
 import threading
 import time
@@ -19,6 +20,10 @@ from dataclasses import dataclass, field
 
 from schemas.config import RunConfig
 from tasks.storage import Store
+
+# A stopped run's servers get this long to shut down before they are killed: what they hold is
+# not needed (their clients are closed first).
+STOP_GRACE_S = 3.0
 
 
 def log(msg: str, logger=None) -> None:
@@ -85,6 +90,20 @@ class EventLoopThread:
 
     def call(self, coro):
         return self.submit(coro).result()
+
+    def cancel_all(self, timeout: float = 5.0) -> None:
+        """Cancel whatever runs on the loop (rollouts of a stopped run) and wait for it to unwind,
+        so nothing of it commits after the stop."""
+        async def cancel():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks, timeout=timeout) if tasks else None
+
+        try:
+            self.call(cancel())
+        except Exception:
+            pass
 
     def close(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -155,32 +174,50 @@ class RunContext:
             self.trainer = TrainerWorker(model_dir, self.cfg, num_ranks=self.cfg.optimizer.num_ranks,
                                          log_path=self.workdir / "logs" / "trainer.log").start()
 
-    def _stop_servers(self) -> None:
+    def _stop_servers(self, timeout: float = 30.0) -> None:
         for server in self.servers or ([self.server] if self.server is not None else []):
             try:
-                server.stop()
+                server.stop(timeout=timeout)
             except Exception as e:  # keep closing the rest
                 print(f"warning: stopping vLLM server {server} failed: {e}", file=sys.stderr)
         self.servers, self.server = [], None
 
     def close(self, graceful: bool = True) -> None:
-        """Stop the trainer and the servers; graceful=False (a run interrupted or failed) kills the
-        trainer at once instead of waiting for the update in progress, which nothing will commit."""
+        """Stop what the run started, users before what they use: the rollouts on the loop, the
+        client (its open connections would hold each server's shutdown for its full timeout),
+        the trainer, then the servers. graceful=False (a run stopped or failed) cancels the
+        rollouts, kills the trainer instead of waiting for the update in progress, and gives the
+        servers a few seconds to shut down: nothing will commit what any of them is doing."""
+        if self.loop is not None and not graceful:
+            self.loop.cancel_all()
+        if self.client is not None and self.loop is not None:
+            try:
+                self.loop.call(self.client.aclose())
+            except Exception:
+                pass
         if self.trainer is not None:
             try:
                 self.trainer.stop() if graceful else self.trainer.kill()
             except Exception as e:  # keep closing the rest
                 print(f"warning: stopping trainer failed: {e}", file=sys.stderr)
             self.trainer = None
-        self._stop_servers()
-        if self.client is not None and self.loop is not None:
-            try:
-                self.loop.call(self.client.aclose())
-            except Exception:
-                pass
+        self._stop_servers(timeout=30.0 if graceful else STOP_GRACE_S)
         if self.loop is not None:
             self.loop.close()
             self.loop = None
+
+
+def stop_signal(exc: BaseException) -> str | None:
+    """The signal a run was stopped by ("SIGINT", "SIGTERM"), None for any other exception:
+    KeyboardInterrupt from `flows.main.stop_on_signals` (named) or Python's own (Ctrl-C), and
+    Prefect's TerminationSignal (its SIGTERM handler, installed while a flow runs)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return str(exc) or "SIGINT"
+    from prefect.exceptions import TerminationSignal
+
+    if isinstance(exc, TerminationSignal):
+        return signal.Signals(exc.signal).name
+    return None
 
 
 def load_tasks(store: Store, tasks_key: str) -> dict[str, dict]:

@@ -31,11 +31,12 @@ from flows.evaluate import evaluation
 from flows.grpo_iteration import checkpoint_key, grpo_iteration
 from flows.offline_eval import checkpoint_commit, evaluated_rows, offline_evaluation, outcome, training_done
 from flows.prepare import prepare_run_context
-from flows.runtime import RunContext, config_json, log
+from flows.runtime import RunContext, config_json, log, stop_signal
 from schemas.manifest import Attempt, RunManifest
 from schemas.presets import ConfigError, format_overrides, load_config
 from tasks.evaluation import base_eval_id
 from tasks.mlperf import RunLog, deviations, read_log_times, rules_report
+from tasks.supervise import owner
 
 
 def _eval_due(cfg, step: int) -> bool:
@@ -82,7 +83,7 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
                                config_sha256=RunManifest.config_digest(cfg_json), code_version=_git_version(),
                                prepared={k: v for k, v in prepared.items() if k != "base_model_dir"})
     start_step = _last_checkpoint(ctx) + 1
-    manifest.attempts.append(Attempt(started_at=time.time(), resumed_at_step=start_step if resumed else 0))
+    manifest.attempts.append(Attempt(started_at=time.time(), resumed_at_step=start_step if resumed else 0, **owner()))
     manifest.status = "running"
     store.write_manifest(manifest)
 
@@ -167,9 +168,12 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
             mllog.end(C.RUN_STOP, metadata={"status": "success" if reached else "aborted"})
         store.put_bytes(log_key, log_path.read_bytes())
         manifest.status = "succeeded" if reached else "target_not_reached"
-    except BaseException:
-        manifest.status = "failed"
-        ctx.close(graceful=False)  # Ctrl-C: the update in progress is not committed, so do not wait for it
+    except BaseException as e:
+        signame = stop_signal(e)
+        manifest.status = "stopped" if signame else "failed"
+        first_line = (str(e).splitlines() or [""])[0]
+        manifest.attempts[-1].reason = f"stopped: {signame}" if signame else f"failed: {type(e).__name__}: {first_line}"[:500]
+        ctx.close(graceful=False)  # stopped or failed: nothing will commit the work in progress, do not wait for it
         if evaluator is not None and evaluator.poll() is None:
             evaluator.terminate()  # its own session: a terminal's Ctrl-C does not reach it
         raise

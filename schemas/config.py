@@ -39,11 +39,23 @@ class _Strict(BaseModel):
         return value
 
 
+STORE_SCHEMES = ("file", "s3")
+
+
 class StorageConfig(_Strict):
     # file:// (default, project-local) or s3://bucket/prefix.
     root: str = "file://.rlvr/store"
     # S3-compatible endpoint (moto, MinIO, a cloud region); None = AWS default.
     endpoint_url: str | None = None
+
+    @field_validator("root")
+    @classmethod
+    def _supported_scheme(cls, root: str) -> str:
+        scheme, sep, _ = root.partition("://")
+        if sep and scheme not in STORE_SCHEMES:
+            raise ValueError(f"unsupported scheme '{scheme}://' in {root!r}; the store takes "
+                             + " or ".join(f"{s}://" for s in STORE_SCHEMES))
+        return root
 
 
 class DatasetConfig(_Strict):

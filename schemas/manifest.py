@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-RunStatus = Literal["running", "succeeded", "failed", "stopped", "target_not_reached"]
+# killed: the attempt's process is gone without having recorded an end (SIGKILL, OOM, power).
+RunStatus = Literal["running", "succeeded", "failed", "stopped", "target_not_reached", "killed"]
 
 
 class Attempt(BaseModel):
@@ -24,6 +25,12 @@ class Attempt(BaseModel):
     # First step this attempt had to work on; > 0 means it resumed a killed run.
     resumed_at_step: int = 0
     status: RunStatus = "running"
+    # How it ended, in words: "stopped: SIGTERM", "failed: RuntimeError: ...", "ended without a word".
+    reason: str | None = None
+    # Its owner process: a `running` attempt whose owner is gone was killed (Store.read_manifest).
+    host: str | None = None
+    pid: int | None = None
+    pid_start: int | None = None  # the process's start time in clock ticks since boot (/proc/PID/stat)
 
 
 class RunManifest(BaseModel):

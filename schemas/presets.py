@@ -110,7 +110,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class ConfigError(ValueError):
+class PermanentError(Exception):
+    """An error that a rerun with the same inputs meets again (a bad configuration, a missing model,
+    an unsupported store): `flows.main` prints its message as one line, exits 2, and offers no resume."""
+
+
+class ConfigError(PermanentError, ValueError):
     """An invalid preset or override; raised before anything starts."""
 
 
@@ -156,6 +161,15 @@ def set_dotted(tree: dict, key: str, value: Any) -> None:
     for section in sections:
         tree = tree.setdefault(section, {})
     tree[name] = value
+
+
+def check_runnable(cfg: RunConfig) -> RunConfig:
+    """What a run needs that a preset may leave to its user (the 397B preset names no dataset file),
+    checked before the run starts anything."""
+    if cfg.dataset.source == "r2e" and not cfg.dataset.path:
+        raise ConfigError("dataset.source=r2e needs dataset.path: a Parquet or JSON Lines file of R2E-Gym rows "
+                          "(local path or s3://)")
+    return cfg
 
 
 def load_config(preset: str = "mini", overrides: list[str] | dict | None = None) -> RunConfig:

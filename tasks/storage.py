@@ -30,10 +30,11 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from schemas.config import STORE_SCHEMES as SCHEMES
 from schemas.manifest import RunManifest
+from schemas.presets import PermanentError
 from schemas.tables import SCHEMAS, TableValidationError, schema_for
 
-SCHEMES = ("file", "s3")
 COMMIT_SUFFIX = ".commit"
 # A silent S3 endpoint fails in S3FS_RETRIES x S3_ATTEMPTS x S3_READ_TIMEOUT_S (~40 s), not botocore's ~7 min.
 S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S, S3_ATTEMPTS, S3FS_RETRIES = 5, 10, 2, 2
@@ -57,7 +58,11 @@ class CorruptTableError(StorageError):
     """A committed table's bytes no longer match the sha256 its commit marker recorded."""
 
 
-class RunIdError(ValueError):
+class StoreRootError(StorageError, PermanentError):
+    """The store root names a scheme the store does not support."""
+
+
+class RunIdError(PermanentError, ValueError):
     """A run id that is not one plain path component (it names directories in the store and the work dir)."""
 
 
@@ -100,7 +105,7 @@ class Store:
         if not rest:
             scheme, rest = "file", root
         if scheme not in SCHEMES:
-            raise StorageError(f"unknown URI scheme '{scheme}://' in store root {root!r}; supported: file://, s3://")
+            raise StoreRootError(f"unknown URI scheme '{scheme}://' in store root {root!r}; supported: file://, s3://")
         self.scheme = scheme
         self.endpoint_url = endpoint_url
         if scheme == "file":
@@ -312,8 +317,20 @@ class Store:
         return self.put_json(f"runs/{check_run_id(manifest.run_id)}/manifest.json", manifest.model_dump())
 
     def read_manifest(self, run_id: str) -> RunManifest | None:
+        """The run's manifest; a `running` attempt whose owner process is gone reads `killed` (it was
+        killed outright and could not record its end), and so does the run if that was its last."""
+        from tasks.supervise import owner_gone
+
         key = f"runs/{check_run_id(run_id)}/manifest.json"
-        return RunManifest.model_validate(self.get_json(key)) if self.exists(key) else None
+        if not self.exists(key):
+            return None
+        manifest = RunManifest.model_validate(self.get_json(key))
+        for a in manifest.attempts:
+            if a.status == "running" and owner_gone(a.host, a.pid, a.pid_start):
+                a.status, a.reason = "killed", f"ended without a word: process {a.pid} on {a.host} is gone"
+        if manifest.status == "running" and manifest.attempts and manifest.attempts[-1].status == "killed":
+            manifest.status = "killed"
+        return manifest
 
     # -- internals ----------------------------------------------------------------------
     def _read_marker(self, marker_path: str) -> dict | None:

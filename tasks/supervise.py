@@ -7,6 +7,9 @@ commands) and Prefect starts its temporary API server; a main process killed out
 second; when the main process has exited, however it ended, it kills the ones still alive
 (same pid and start time) and removes the sandboxes whose owner is gone.
 
+`owner()` names this process (host, pid, start time) for a run's manifest; `owner_gone` tells
+a reader whether an attempt's process still exists, so an attempt killed outright reads `killed`.
+
     python -m tasks.supervise PID
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +33,20 @@ def _stat(pid: int) -> tuple[int, int] | None:
     except OSError:
         return None
     return (int(fields[1]), int(fields[19])) if fields[0] != "Z" else None
+
+
+def owner() -> dict:
+    """This process, as an attempt's owner: host, pid and start time (pids are reused, start times not)."""
+    st = _stat(os.getpid())
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": st[1] if st else None}
+
+
+def owner_gone(host: str | None, pid: int | None, pid_start: int | None) -> bool:
+    """Whether the owner process is known to be gone; only this host's processes can be checked."""
+    if pid is None or host != socket.gethostname():
+        return False
+    st = _stat(pid)
+    return st is None or (pid_start is not None and st[1] != pid_start)
 
 
 def descendants(root: int) -> dict[int, int]:

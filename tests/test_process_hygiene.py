@@ -55,7 +55,7 @@ def test_ctrl_c_during_prepare_stops_everything_and_says_how_to_resume(sandbox_r
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-3000:]
-    assert f"--run-id {run_id}" in err and "interrupted" in err
+    assert f"--run-id {run_id}" in err and "stopped by SIGINT" in err
     assert took < 20, f"took {took:.0f} s to stop"
     deadline = time.monotonic() + 15  # the watchdog's last sweep
     while _alive(children) and time.monotonic() < deadline:

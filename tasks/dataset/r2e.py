@@ -30,13 +30,14 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from schemas.presets import PermanentError
 from schemas.tables import SPLITS, TASKS, TEST_STATUSES
 from tasks.dataset.mini import gold_patch
 
 log = logging.getLogger(__name__)
 
 
-class DatasetError(ValueError):
+class DatasetError(PermanentError, ValueError):
     """A dataset source cannot be used: the message names the file (or row) and why."""
 
 

@@ -28,6 +28,8 @@ import os
 import pathlib
 import shutil
 
+from schemas.presets import PermanentError
+
 MANIFEST = "manifest.json"
 FORMAT = "rlvr-base/1"
 # What the trainer and vLLM read; optimizer state and our version file stay behind.
@@ -35,7 +37,7 @@ SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "
                  "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
-class BaseCheckpointError(ValueError):
+class BaseCheckpointError(PermanentError, ValueError):
     """The base checkpoint is incomplete, altered, or was built for another dataset."""
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from schemas.config import ModelConfig
+from schemas.presets import PermanentError
 
 if TYPE_CHECKING:  # torch/transformers are imported where used: the checks below stay light
     import torch
@@ -36,7 +37,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 DEFAULT_CACHE = pathlib.Path(".rlvr/cache/models")
 
 
-class MissingModelFileError(FileNotFoundError):
+class MissingModelFileError(PermanentError, FileNotFoundError):
     """A checkpoint directory lacks a file needed to load it."""
 
 
