@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
-	bench-import bench-cluster bench-levers bench-ceiling base
+	bench-import bench-cluster bench-levers bench-ceiling bench-grading base
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -61,6 +61,10 @@ bench-dataset: venv system
 
 bench-import: venv system
 	$(PY) tests/bench/bench_import.py
+
+# Gradings/s of this checkout against a revision, interleaved (ARGS="--before REV --backend bwrap|docker").
+bench-grading: venv system
+	$(PY) tests/bench/bench_grading.py $(ARGS)
 
 bench-model: venv
 	$(PY) tests/bench/bench_model.py

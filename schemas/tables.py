@@ -19,7 +19,9 @@ import pyarrow.compute as pc
 import pandera.pyarrow as ppa
 from pandera.errors import SchemaError, SchemaErrors
 
-FINISH_REASONS = ("submitted", "max_turns", "context_limit", "timeout", "infra_error")
+# agent_error: an error of our own code ended the episode (masked); patch_too_large: the final patch
+# was over the diff cap (the policy's doing: graded as the empty patch).
+FINISH_REASONS = ("submitted", "max_turns", "context_limit", "timeout", "infra_error", "agent_error", "patch_too_large")
 # env_error (added later; older tables hold the first two only): the task's environment cannot run
 # its tests (tasks/grading/grader.py). Like infra_error: reward null, masked downstream.
 GRADING_STATUSES = ("graded", "infra_error", "env_error")
@@ -411,11 +413,17 @@ REWARDS = TableSchema(
         # "path: why" for each change the grader removed from the patch before the tests ran
         # (tasks/grading/grader.py: what a patch may not change); a reward-hacking signal.
         "harness_changes": (pa.list_(STR), True),
+        # What the verdict recorder's evidence said against the test log (tasks/grading/verdict.py):
+        # the patch tampered with the test run; reward 0.
+        "tampering": (pa.list_(STR), True),
+        # "path: construct (line N)": reward-hacking constructs in the patch's own code that no
+        # harness can refuse (tasks/grading/hacks.py); counted, not scored.
+        "hack_signals": (pa.list_(STR), True),
         # Ray node id the grading ran on (cluster.address set); null: in the driver's process.
         "node": (STR, True),
     },
     unique=["rollout_id"],
-    added_later=("harness_changes", "node"),
+    added_later=("harness_changes", "node", "tampering", "hack_signals"),
     rules=[
         _rule("reward_binary", "reward", _values_in("reward", [0.0, 1.0]), "reward must be 0 or 1"),
         _rule("grading_status_known", "grading_status", _values_in("grading_status", list(GRADING_STATUSES)),

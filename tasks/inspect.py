@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from tasks.grading.grader import reward_hacking
 from tasks.storage import Store
 
 # Per-token columns: large and useless in a DataFrame; a notebook reads them from the table when needed.
@@ -135,13 +136,16 @@ def step_stats(store: Store, run_id: str, step: int) -> dict:
     """One training step in numbers (what the Prefect UI's progress table shows)."""
     out: dict = {"step": step}
     if store.stage_committed(run_id, step, "rewards"):
-        rw = store.read_stage(run_id, step, "rewards", columns=["reward", "grading_status", "harness_changes"]).to_pylist()
+        table = store.read_stage(run_id, step, "rewards")
+        hacking = reward_hacking(table)
+        rw = table.select(["reward", "grading_status"]).to_pylist()
         graded = [r["reward"] for r in rw if r["reward"] is not None]
         out.update(mean_reward=round(sum(graded) / len(graded), 4) if graded else None,
                    solved=int(sum(graded)), graded=len(graded),
                    env_errors=sum(1 for r in rw if r["grading_status"] == "env_error"),
                    infra_errors=sum(1 for r in rw if r["grading_status"] == "infra_error"),
-                   harness_patches=sum(1 for r in rw if r["harness_changes"]))
+                   harness_patches=len(hacking["harness_changes"]), tampering=len(hacking["tampering"]),
+                   hack_signals=len(hacking["hack_signals"]))
     if store.stage_committed(run_id, step, "trajectories"):
         tr = store.read_stage(run_id, step, "trajectories",
                               columns=["finish_reason", "num_turns", "num_generated_tokens"]).to_pandas()

@@ -31,7 +31,7 @@ def test_gold_patch_scores_one_and_empty_patch_zero(sandbox_backend, r2e_tasks, 
     task = r2e_tasks[name]
     expected = json.loads(task["row"]["expected_output_json"])
     gold = grade(sandbox_backend, task, task["gold"], sandbox_store)
-    assert (gold.grading_status, gold.reward, gold.patch_applied, gold.error) == ("graded", 1.0, True, None)
+    assert (gold.grading_status, gold.reward, gold.patch_applied, gold.error) == ("graded", 1.0, True, None), gold.error
     assert gold.test_statuses == expected  # includes expected FAILED / ERROR tests (strutil, inventory)
     assert gold.attempts == 1 and gold.test_seconds > 0 and gold.total_seconds >= gold.test_seconds
     empty = grade(sandbox_backend, task, "", sandbox_store)
@@ -267,7 +267,7 @@ def _fake_open(monkeypatch, behaviours):
 def _ok_script(cmd):
     from tasks.sandbox import CommandResult
 
-    out = ("short test summary info\nPASSED r2e_tests/test_1.py::test_a\n" if cmd.startswith("bash ") else "")
+    out = ("short test summary info\nPASSED r2e_tests/test_1.py::test_a\n" if cmd.endswith("bash /root/run_tests.sh") else "")
     return CommandResult(exit_code=0, output=out, timed_out=False, seconds=0.01)
 
 
@@ -319,7 +319,7 @@ def test_test_timeout_is_a_legitimate_zero(monkeypatch):
     from tasks.sandbox import CommandResult
 
     def tests_hang(cmd):
-        if cmd.startswith("bash "):
+        if cmd.endswith("bash /root/run_tests.sh"):
             return CommandResult(exit_code=None, output="short test summary info\nPASSED x::test_a\n",
                                  timed_out=True, seconds=300)
         return _ok_script(cmd)

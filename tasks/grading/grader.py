@@ -16,17 +16,30 @@ patch may not add, change, delete or rename:
   (__pycache__/, *.pyc);
 - package metadata (*.dist-info/, *.egg-info/): in a task with plugin autoload on (its own
   virtualenv, tasks/sandbox/__init__.py) pytest loads the entry points it finds on sys.path;
-- nor add a module or package, at the repo root or in src/, named like one of the standard
-  library or pytest's own (pytest, _pytest, pluggy, py, iniconfig): it would shadow it.
+- nor add a module or package, at the repo root or in src/, named like one the test runner
+  imports: the standard library, pytest's own (pytest, _pytest, pluggy, py, iniconfig), and
+  every top-level module the task's pytest has loaded at start-up, learned by running that
+  start-up once per environment (no hand-written list: the image's pytest 7.2 imports `attr`).
 Such file changes are removed before the tests run and the rest of the patch is graded;
 `harness_changes` in the rewards table lists them (a reward-hacking signal the step summary
 counts). Which paths a patch touches is decided by git's own parse (`git apply --numstat -z`
 on the host, then `git status` in the sandbox after applying), never by reading header text.
 
+Where the verdict comes from (tasks/grading/verdict.py). The repository's code runs inside
+pytest's process and can print or patch anything there, so the log alone is not evidence. A
+recorder plugin, loaded with `-p` from outside /testbed under a per-grading nonce before any
+repository code, records each report as pytest makes it and marks the end of pytest's output.
+The log is read only up to that mark, and the verdict is `tampering` (reward 0, what disagreed
+in `tampering`) when the record contradicts it: a test the log calls PASSED that pytest did not
+report passed, pytest's functions replaced by other code, a file of the patch loaded at pytest's
+start-up or registered as a plugin. Honest patches never meet these, so R2E-Gym's reward stands.
+What no harness can refuse (an `__eq__` that always returns True) is counted, not scored:
+`hack_signals` (tasks/grading/hacks.py).
+
 Outcomes:
 - graded, reward 1/0: the tests ran (a timeout, a crash, an OOM-killed pytest are the
   agent's doing and score 0), or the patch did not apply (0, `patch_applied=False`, the
-  reason in `error`).
+  reason in `error`), or the patch tampered with the test run (0, `tampering`).
 - infra_error, reward null: the sandbox could not start, the engine failed, a set-up step
   timed out or was killed; retried `cfg.infra_retries` times first. Never a 0.
 - env_error, reward null: the task's environment cannot run its hidden tests, so no reward
@@ -61,13 +74,17 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from schemas.tables import REWARDS
+from tasks.grading.hacks import hack_signals
 from tasks.grading.r2e import clean_test_output, parse_log_pytest, r2e_reward
+from tasks.grading.verdict import Recorder, cut_log, disagreements, read_record
 from tasks.sandbox import EnvironmentSpecError, SandboxInfraError, close_all, open_sandbox, reap_stale
 
 GIT = "/usr/bin/git"  # the image's, never a PATH lookup: /testbed/.venv/bin comes first there
 ENVIRONMENT = ("r2e_tests", "run_tests.sh", ".venv", ".git")
 PYTEST_FILES = ("conftest.py", "pytest.ini", ".pytest.ini", "tox.ini")
 STARTUP_FILES = ("sitecustomize.py", "usercustomize.py")
+# Always refused; to these the grader adds every module the task's test runner imports at start-up
+# (probed once per environment: tasks/grading/verdict_plugin.py lists them).
 SHADOWED = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig"}
 # Root config files that may change only outside their pytest section: (format, section path).
 PYTEST_SECTIONS = {"setup.cfg": ("ini", ("tool:pytest",)),
@@ -92,6 +109,9 @@ class GradeResult:
     test_output: str = ""  # the cleaned test log (capped); not part of the table
     harness_changes: list[str] = field(default_factory=list)  # "path: why" for each change removed
     env_reason: str = ""  # env_error: why the tests did not run (not part of the table)
+    tampering: list[str] = field(default_factory=list)  # the verdict evidence against the log (reward 0)
+    hack_signals: list[str] = field(default_factory=list)  # tasks/grading/hacks.py, on the patch as given
+    verdict_loaded: bool = False  # the recorder plugin ran in this grading's pytest (not part of the table)
     node: str | None = None  # Ray node id it was graded on (tasks/cluster.py); None: this process
 
     def row(self, rollout_id: str, run_id: str, step: int, instance_id: str) -> dict:
@@ -100,13 +120,14 @@ class GradeResult:
                 "patch_applied": self.patch_applied, "test_statuses": json.dumps(self.test_statuses, sort_keys=True),
                 "attempts": self.attempts, "sandbox_start_seconds": self.sandbox_start_seconds,
                 "test_seconds": self.test_seconds, "total_seconds": self.total_seconds,
-                "harness_changes": self.harness_changes, "node": self.node}
+                "harness_changes": self.harness_changes, "tampering": self.tampering or None,
+                "hack_signals": self.hack_signals or None, "node": self.node}
 
 
 # -- the patch ------------------------------------------------------------------------------
-def harness_reason(path: str, added: bool = False) -> str | None:
+def harness_reason(path: str, added: bool = False, shadowed: frozenset = SHADOWED) -> str | None:
     """Why a patch may not touch `path` (repo-relative, as git parsed it); None if it may.
-    `added`: the path is new (only new modules can shadow)."""
+    `added`: the path is new (only new modules can shadow); `shadowed`: module names it may not add."""
     is_dir = path.endswith("/")  # git status lists a new directory once, as "dir/"
     parts = path.strip("/").split("/")
     name = parts[-1]
@@ -123,7 +144,7 @@ def harness_reason(path: str, added: bool = False) -> str | None:
     if added:
         top = parts[1:] if parts[0] == "src" and len(parts) > 1 else parts
         module = top[0] if len(top) > 1 or is_dir else (top[0][:-3] if top[0].endswith(".py") else None)
-        if module in SHADOWED:
+        if module in shadowed:
             return f"shadows the module {module}"
     return None
 
@@ -178,6 +199,7 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
     t0 = time.monotonic()
     with open_sandbox(task_row, cfg, store, mode="grading") as sb:
         res.sandbox_start_seconds = time.monotonic() - t0
+        rec, folder, shadowed = _install_recorder(sb, task_row, cfg)
         # Status before and after applying: what the patch really changed, in git's terms.
         status = f"{GIT} status --porcelain=v1 -z --ignored=matching -unormal"
         steps = [f"printf '%s' '{MARK}'", status]
@@ -199,7 +221,7 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
         before, after = (_status(parts[1]), _status(parts[2])) if len(parts) == 3 else ({}, {})
         changed = {p: xy for p, xy in after.items() if before.get(p) != xy}
         revert = [(p, xy, why) for p, xy in changed.items()
-                  if (why := harness_reason(p, added=xy in ("??", "!!")))]
+                  if (why := harness_reason(p, added=xy in ("??", "!!"), shadowed=shadowed))]
         revert += _pytest_config_changes(sb, changed, cfg)
         if revert:
             tracked = [p for p, xy, _ in revert if xy not in ("??", "!!")]
@@ -211,12 +233,17 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
                 raise SandboxInfraError(f"set-up failed: cannot undo the patch's harness changes: {rr.output[:500]}")
         res.harness_changes = ([f"{n}: {why}" for n, why in excluded]
                                + [f"{p}: {why}" for p, _, why in revert])
-        r = sb.run("bash /root/run_tests.sh", timeout=cfg.test_timeout_s,
-                   output_cap=getattr(cfg, "test_output_cap_bytes", 8 * 1024 * 1024))
+        kept = {p for p in changed if p not in {q for q, _, _ in revert}}
+        r = sb.run(f'PYTHONPATH="{folder}${{PYTHONPATH:+:$PYTHONPATH}}" '
+                   f'PYTEST_ADDOPTS="-p {rec.module}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" bash /root/run_tests.sh',
+                   timeout=cfg.test_timeout_s, output_cap=getattr(cfg, "test_output_cap_bytes", 8 * 1024 * 1024))
         res.test_seconds = r.seconds
-        log = clean_test_output(r.output, r.timed_out, cfg.test_timeout_s)
+        log, late = cut_log(clean_test_output(r.output, r.timed_out, cfg.test_timeout_s), rec)
         res.test_output = log
         res.test_statuses = parse_log_pytest(log)
+        record = sb.run(f"cat -- {folder}/record", timeout=cfg.command_timeout_s, output_cap=16 * 1024 * 1024)
+        evidence = read_record(record.output if record.ok else "", rec.nonce)
+        res.verdict_loaded = evidence.loaded
         why = None if r.timed_out else tests_did_not_run(res.test_statuses, task_row["expected_output_json"])
         broken = why and (f"{why}, without a patch" if not patch.strip() else _pristine_failure(task_row, cfg, store))
         if broken:
@@ -229,6 +256,51 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
         res.grading_status = "graded"
         if r.timed_out:
             res.error = f"tests timed out after {cfg.test_timeout_s:g}s"
+        elif evidence.loaded:
+            res.tampering = disagreements(res.test_statuses, evidence, late, kept)
+        elif patch.strip() and _pristine(task_row, cfg, store).verdict_loaded:
+            res.tampering = ["the verdict recorder did not run (it does without the patch)"]
+        if res.tampering:
+            res.reward = 0.0
+            res.error = "tampering: " + "; ".join(res.tampering)[:MAX_ERROR_CHARS]
+
+
+# (environment kind, image, backend) -> top-level modules its test runner has loaded at start-up.
+_STARTUP: dict[tuple, frozenset] = {}
+
+
+def _install_recorder(sb, task_row: dict, cfg) -> tuple[Recorder, str, frozenset]:
+    """Write this grading's recorder plugin into the sandbox (outside /testbed, before the patch is
+    applied); the first time for an environment, also run the test runner's start-up once with it
+    (pytest --version) to learn which modules it imports: a patch may not add one of those."""
+    rec = Recorder()
+    env = getattr(sb, "env", None)
+    kind = task_row.get("docker_image") or (task_row.get("environment_uri") if getattr(env, "plugins", False)
+                                            else "interpreter")
+    key = (kind, cfg.image, cfg.backend)
+    probe = key not in _STARTUP
+    cmd = (f'd=$(mktemp -d /tmp/.rlvr-XXXXXXXX) && cat > "$d/src" && cp "$d/src" "$d/{rec.module}.py" && '
+           f'printf "%s\\n" "$d"')
+    if probe:
+        cmd += (f' && mkdir "$d/probe" && mv "$d/src" "$d/probe/{rec.module}.py" && '
+                f'(PYTHONPATH="$d/probe" PYTEST_ADDOPTS="-p {rec.module} --version" bash /root/run_tests.sh '
+                f'>/dev/null 2>&1; cat -- "$d/probe/record" 2>/dev/null; rm -rf "$d/probe"; true)')
+    else:
+        cmd += ' && rm -f "$d/src"'
+    r = sb.run(cmd, timeout=cfg.command_timeout_s, stdin=rec.source, output_cap=4 * 1024 * 1024)
+    if not r.ok:
+        raise SandboxInfraError(f"set-up failed: cannot install the verdict recorder: {r.output.strip()[:500]}")
+    folder, _, record = r.output.partition("\n")
+    if probe:
+        names = set()
+        for line in record.splitlines():
+            if line.startswith(rec.nonce + " "):
+                start = json.loads(line.split(" ", 1)[1])
+                # the repository's own modules (pytest imported them: the repo is one of its dependencies) stay its own
+                names |= set(start.get("modules", [])) - {m.split(".")[0] for m, _ in start.get("testbed_modules", [])}
+        names.discard(rec.module)
+        _STARTUP[key] = frozenset(names)
+    return rec, folder.strip(), SHADOWED | _STARTUP[key]
 
 
 def tests_did_not_run(statuses: dict[str, str], expected: dict | str) -> str | None:
@@ -242,14 +314,13 @@ def tests_did_not_run(statuses: dict[str, str], expected: dict | str) -> str | N
     return None
 
 
-# (instance, environment, image, backend) -> why the pristine state's tests do not run, or None.
-_PRISTINE: dict[tuple, str | None] = {}
+# (instance, environment, image, backend) -> the pristine state's grading.
+_PRISTINE: dict[tuple, GradeResult] = {}
 _PRISTINE_LOCK = threading.Lock()
 
 
-def _pristine_failure(task_row: dict, cfg, store) -> str | None:
-    """Whether the task's tests run without any patch (graded once per process): tells a broken
-    environment (env_error) from a patch that broke the tests (R2E-Gym's 0)."""
+def _pristine(task_row: dict, cfg, store) -> GradeResult:
+    """The task graded without any patch, once per process and environment."""
     key = (task_row.get("instance_id"), task_row.get("environment_uri") or task_row.get("docker_image"),
            cfg.image, cfg.backend)
     with _PRISTINE_LOCK:
@@ -258,10 +329,16 @@ def _pristine_failure(task_row: dict, cfg, store) -> str | None:
     res = grade_patch(task_row, "", cfg, store)
     if res.grading_status == "infra_error":  # undecided: retry the whole grading as an infra failure
         raise SandboxInfraError(f"pristine check of the environment failed: {res.error}")
-    why = (res.env_reason or res.error) if res.grading_status == "env_error" else None
     with _PRISTINE_LOCK:
-        _PRISTINE[key] = why
-    return why
+        _PRISTINE[key] = res
+    return res
+
+
+def _pristine_failure(task_row: dict, cfg, store) -> str | None:
+    """Whether the task's tests run without any patch: tells a broken environment (env_error) from
+    a patch that broke the tests (R2E-Gym's 0)."""
+    res = _pristine(task_row, cfg, store)
+    return (res.env_reason or res.error) if res.grading_status == "env_error" else None
 
 
 def _pytest_config_changes(sb, changed: dict[str, str], cfg) -> list[tuple[str, str, str]]:
@@ -304,11 +381,32 @@ def grade_patch(task_row: dict, patch: str, cfg, store, cancel: threading.Event 
             res.reward, res.grading_status, res.patch_applied = None, "infra_error", False
             res.test_statuses = {}
             res.error = f"infra_error: {type(e).__name__}: {str(e)[:MAX_ERROR_CHARS]}"
+    res.hack_signals = hack_signals(patch or "")
     res.total_seconds = time.monotonic() - t0
     return res
 
 
 # -- a batch --------------------------------------------------------------------------------
+HACKING_COLUMNS = ("harness_changes", "tampering", "hack_signals")
+
+
+def reward_hacking(table: pa.Table) -> dict[str, list[str]]:
+    """Rollout ids per reward-hacking signal of a rewards table (older tables lack the later columns)."""
+    ids = table["rollout_id"].to_pylist()
+    return {c: [i for i, v in zip(ids, table[c].to_pylist()) if v] if c in table.column_names else []
+            for c in HACKING_COLUMNS}
+
+
+def hack_report(table: pa.Table, show: int = 3) -> str:
+    """One line for a step's summary: the rollouts flagged tampering or carrying hack constructs."""
+    found = reward_hacking(table)
+    parts = [f"{len(found[c])} {what} ({', '.join(found[c][:show])}{' ...' if len(found[c]) > show else ''})"
+             for c, what in (("tampering", "patches tampered with the test run (reward 0)"),
+                             ("hack_signals", "patches carry reward-hacking constructs (counted only)"))
+             if found[c]]
+    return ", ".join(parts)
+
+
 _reaped = False
 
 

@@ -1,0 +1,197 @@
+"""The verdict recorder: a pytest plugin the grader loads into the hidden tests' run (tasks/grading/verdict.py).
+
+It runs inside the sandbox, in pytest's own process, under the image's Python (any 3.x pytest
+supports, so no newer syntax). It is imported with `-p` from a directory outside /testbed,
+under a module name that holds the grading's nonce, before pytest imports any repository code.
+From then on it writes evidence the grader trusts more than the log, one line each, prefixed
+by the nonce, to a record file (written as it happens, so nothing later can take it back):
+
+- `start`: modules already loaded from /testbed (nothing of the repository should be: a file
+  that is, was loaded by pytest's own start-up, e.g. a module shadowing one of its imports),
+  pytest functions whose code is the repository's, and the top-level modules loaded so far;
+- `test`: each test report's status as pytest made it, in the -rA vocabulary;
+- `changed`: pytest or pluggy functions replaced since start-up (checked at every report);
+- `plugin`: plugins registered after start-up, with the file that defines them;
+- `end`: the session finished; then a marker line on pytest's stdout, after its last line,
+  so the grader can drop whatever the process printed after the session (atexit handlers).
+
+The nonce is only in memory: this file and its bytecode are deleted once imported.
+"""
+
+import json
+import os
+import sys
+import types
+
+NONCE = "@@RLVR_NONCE@@"
+TESTBED = "/testbed/"
+WATCHED = ("_pytest.reports", "_pytest.runner", "_pytest.terminal", "_pytest.skipping", "_pytest.python",
+           "_pytest.main", "_pytest.outcomes", "_pytest.capture", "_pytest.unittest", "_pytest.nodes",
+           "pluggy._callers", "pluggy._hooks", "pluggy._manager", "pluggy._result",
+           "pluggy.callers", "pluggy.hooks", "pluggy.manager")
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_record = os.open(os.path.join(_here, "record"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+_stdout = os.dup(1)  # pytest's stdout before any capture: the end marker goes here
+
+
+def _forget_source():
+    try:
+        import importlib.util
+        os.unlink(importlib.util.cache_from_source(os.path.abspath(__file__)))
+    except Exception:
+        pass
+    try:
+        os.unlink(os.path.abspath(__file__))
+    except OSError:
+        pass
+
+
+def _emit(event):
+    os.write(_record, (NONCE + " " + json.dumps(event, sort_keys=True) + "\n").encode("utf-8", "replace"))
+
+
+def _origin(obj):
+    """The source file of a function (or classmethod, staticmethod, property) or None."""
+    if isinstance(obj, (classmethod, staticmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        obj = obj.fget
+    code = getattr(obj, "__code__", None)
+    return code.co_filename if code is not None else None
+
+
+def _callables():
+    """name -> object for the functions of the modules that make and report test outcomes."""
+    out = {}
+    for modname in WATCHED:
+        mod = sys.modules.get(modname)
+        if mod is None:
+            continue
+        for name, obj in list(vars(mod).items()):
+            if isinstance(obj, type) and getattr(obj, "__module__", None) == modname:
+                for attr, value in list(vars(obj).items()):
+                    if isinstance(value, (types.FunctionType, classmethod, staticmethod, property)):
+                        out[modname + ":" + name + "." + attr] = value
+            elif isinstance(obj, types.FunctionType):
+                out[modname + ":" + name] = obj
+    return out
+
+
+def _testbed_file(path):
+    if not path or not os.path.isabs(path):  # "<attrs generated eq ...>", "<string>": no file
+        return None
+    real = os.path.realpath(path)
+    return real[len(TESTBED):] if real.startswith(TESTBED) else None
+
+
+def _loaded_from_testbed():
+    out = []
+    for name, mod in list(sys.modules.items()):
+        rel = _testbed_file(getattr(mod, "__file__", None))
+        if rel and not rel.startswith(".venv/"):
+            out.append([name, rel])
+    return sorted(out)
+
+
+_start = _callables()
+# Repository code (outside the task's .venv) that already stands in for pytest's own functions.
+_foreign = sorted(name for name, obj in _start.items()
+                  if not (_testbed_file(_origin(obj)) or ".venv/").startswith(".venv/"))
+_emit({"event": "start", "pid": os.getpid(), "testbed_modules": _loaded_from_testbed(), "foreign": _foreign,
+       "modules": sorted({name.split(".")[0] for name in list(sys.modules)})})
+_forget_source()
+_reported_changes = set()
+_known_plugins = None
+
+
+def _pytest_dirs():
+    out = []
+    for name in ("_pytest", "pluggy"):
+        f = getattr(sys.modules.get(name), "__file__", None)
+        if f:
+            out.append(os.path.dirname(os.path.realpath(f)) + os.sep)
+    return tuple(out)
+
+
+def _check():
+    # pytest patches itself too (legacypath at configure): a replacement from pytest's files is its own.
+    now = _callables()
+    own = _pytest_dirs()
+    changed = sorted(k for k in set(_start) | set(now) if _start.get(k) is not now.get(k)
+                     and not os.path.realpath(_origin(now.get(k)) or "/-").startswith(own))
+    new = [k for k in changed if k not in _reported_changes]
+    if new:
+        _reported_changes.update(new)
+        _emit({"event": "changed", "names": new, "files": sorted({str(_origin(now.get(k))) for k in new})})
+
+
+def _plugin_file(plugin):
+    f = getattr(plugin, "__file__", None)
+    if f is None:
+        mod = sys.modules.get(getattr(type(plugin), "__module__", None) or "")
+        f = getattr(mod, "__file__", None)
+    return f
+
+
+def _check_plugins(config):
+    global _known_plugins
+    plugins = config.pluginmanager.get_plugins()
+    if _known_plugins is None:
+        _known_plugins = set(map(id, plugins))
+        return
+    for plugin in plugins:
+        if id(plugin) not in _known_plugins:
+            _known_plugins.add(id(plugin))
+            f = _plugin_file(plugin)
+            _emit({"event": "plugin", "name": str(config.pluginmanager.get_name(plugin)), "file": f,
+                   "testbed_file": _testbed_file(f)})
+
+
+def _status(rep):
+    xfail = hasattr(rep, "wasxfail")
+    if rep.when == "call":
+        if rep.passed:
+            return "XPASS" if xfail else "PASSED"
+        if rep.failed:
+            return "FAILED"
+        return "XFAIL" if xfail else "SKIPPED"
+    if rep.failed:
+        return "ERROR"
+    if rep.skipped:
+        return "XFAIL" if xfail else "SKIPPED"
+    return None
+
+
+def pytest_configure(config):
+    _check_plugins(config)
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _emit({"event": "test", "nodeid": report.nodeid, "status": "ERROR"})
+
+
+def pytest_runtest_logreport(report):
+    _check()
+    status = _status(report)
+    if status:
+        _emit({"event": "test", "nodeid": report.nodeid, "status": status})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _check()
+    _check_plugins(session.config)
+    _emit({"event": "end", "exitstatus": int(exitstatus)})
+
+
+def pytest_unconfigure(config):
+    _check()
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    try:
+        if reporter is not None:
+            reporter._tw.flush()
+        sys.stdout.flush()
+    except Exception:
+        pass
+    os.write(_stdout, ("\n" + NONCE + " end of pytest\n").encode())
