@@ -32,6 +32,9 @@ import pyarrow as pa
 
 from schemas.tables import EVAL_SAMPLES, EVAL_SUMMARY
 
+# Rollouts broken by infrastructure or by our own code: not graded, never a 0, another sample is drawn.
+UNGRADED_FINISH_REASONS = ("infra_error", "agent_error")
+
 
 def base_eval_id(cfg, prepared: dict) -> str:
     """The run id under which the base checkpoint's evaluation is cached and shared by runs: the
@@ -147,8 +150,9 @@ async def sample_until_solved(tasks: list[dict], spec, policy, tokenizer, cfg, s
     results: dict[tuple, asyncio.Future] = {}  # (task, patch) -> grading: low-temperature samples repeat
 
     async def grade(task: dict, row: dict) -> dict:
-        if row["finish_reason"] == "infra_error":
-            res = GradeResult(reward=None, grading_status="infra_error", error=f"infra_error: rollout: {row['error']}")
+        if row["finish_reason"] in UNGRADED_FINISH_REASONS:
+            why = row["finish_reason"]
+            res = GradeResult(reward=None, grading_status="infra_error", error=f"{why}: rollout: {row['error']}")
         else:
             key = (task["instance_id"], row["final_patch"] or "")
             if key not in results:
@@ -209,11 +213,12 @@ def eval_samples_table(trajectories: pa.Table, rewards: pa.Table) -> pa.Table:
         r = by_id.get(t["rollout_id"])
         if r is None:
             raise ValueError(f"rollout {t['rollout_id']} has no reward row")
-        infra = t["finish_reason"] == "infra_error" or r["grading_status"] == "infra_error"
+        infra = t["finish_reason"] in UNGRADED_FINISH_REASONS or r["grading_status"] == "infra_error"
         env = not infra and r["grading_status"] == "env_error"  # the task's environment ran no test: never a 0
         reason = None
         if infra:
-            reason = "infra_error: " + (r["error"] or "rollout failed")
+            kind = "agent_error" if t["finish_reason"] == "agent_error" else "infra_error"
+            reason = f"{kind}: " + (r["error"] or "rollout failed")
         elif env:
             reason = (r["error"] or "env_error").split("\n", 1)[0]  # its first line: the log tail stays in rewards
         rows.append(dict(t, reward=None if infra or env else r["reward"], masked=infra or env, mask_reason=reason))

@@ -2,8 +2,10 @@
 
 Each episode gets its own sandbox. A sandbox that cannot start is retried a few
 times and then recorded as an `infra_error` trajectory (masked downstream,
-never dropped). An inference server that goes away fails the in-flight episodes,
-which are retried; finished episodes are committed as they complete, in small
+never dropped). An error of our own code inside an episode ends that episode
+alone, as an `agent_error` row (masked, its traceback kept); an episode still
+running past its wall-clock bound is cut from outside (a `timeout` row). An
+inference server that goes away fails the in-flight episodes, which are retried; finished episodes are committed as they complete, in small
 append-only `<stage>_partial-NNNNN` tables (one per flush: a flush writes only the
 episodes finished since the last one), so a crash or kill loses at most the episodes
 in flight and a rerun of the same stage picks up where it stopped.
@@ -14,12 +16,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import traceback
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from schemas.tables import TRAJECTORIES
-from tasks.agent.loop import Episode, EpisodeConfig, ServerMismatchError, run_episode
+from tasks.agent.loop import Episode, EpisodeConfig, ServerMismatchError, new_episode, run_episode
+
+# Past episode_timeout_s, which the loop checks between turns: room for the turn in progress (a
+# generation, its tool calls) and the final diff before the episode is cut from outside.
+EPISODE_GRACE_S = 120.0
+AGENT_ERROR_CHARS = 8000  # of an agent_error's message and traceback, kept in the row
 
 
 @dataclass
@@ -80,11 +88,23 @@ def read_partial(store, partial_key: str) -> dict[str, dict]:
     return done
 
 
+def agent_error_text(e: BaseException) -> str:
+    """An agent_error's `error`: type, message and traceback, capped (its head and its innermost frames)."""
+    text = f"agent_error: {type(e).__name__}: {e}\n" + "".join(traceback.format_exception(e))
+    if len(text) <= AGENT_ERROR_CHARS:
+        return text
+    half = AGENT_ERROR_CHARS // 2
+    return text[:half] + f"\n[... {len(text) - AGENT_ERROR_CHARS} characters omitted ...]\n" + text[-half:]
+
+
 async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer, cfg, store=None,
                   policy_factory=None) -> dict:
     """One episode in a sandbox of its own -> its trajectory row. A sandbox that cannot start or
     fails mid-episode is retried cfg.sandbox.infra_retries times, then recorded as an infra_error
-    row; an inference server that stays away raises InferenceDown."""
+    row; an inference server that stays away raises InferenceDown. An episode past
+    episode_timeout_s + EPISODE_GRACE_S is cut from outside (its sandbox closed, which ends the
+    call it hangs in): a timeout row. Any other error of ours ends this episode alone: an
+    agent_error row with what the episode held so far."""
     from tasks.inference import InferenceUnavailable
     from tasks.sandbox import SandboxInfraError, open_sandbox
 
@@ -98,10 +118,23 @@ async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer,
         except Exception as e:  # engine down, archive missing, bad image: the task's, not the policy's
             row = infra_error_row(spec, task, sample, f"sandbox could not start: {type(e).__name__}: {e}", version)
             continue
+        ep, actor, started = None, policy, time.monotonic()
         try:
             actor = policy_factory(task, sample, sandbox) if policy_factory else policy
-            ep = await run_episode(task["problem_statement"], sandbox, actor, tokenizer, episode)
-            return episode_row(spec, task, sample, ep, actor.version)
+            ep = new_episode(task["problem_statement"], tokenizer, episode)
+            bound = episode.episode_timeout_s + EPISODE_GRACE_S
+            try:
+                async with asyncio.timeout(bound) as clock:
+                    await run_episode(task["problem_statement"], sandbox, actor, tokenizer, episode, ep)
+            except TimeoutError:
+                if not clock.expired():
+                    raise  # a TimeoutError of the episode's own, not our clock
+                sandbox._discard = True  # cut mid-command: never handed to a warm pool
+                ep.finish_reason, ep.final_patch = "timeout", ""
+                ep.error = (f"timeout: cut from outside the agent loop after {bound:.0f} s (episode_timeout_s "
+                            f"{episode.episode_timeout_s:.0f} + {EPISODE_GRACE_S:.0f} s grace); no final patch")
+                ep.total_seconds = time.monotonic() - started
+            return episode_row(spec, task, sample, ep, getattr(actor, "version", version))
         except SandboxInfraError as e:
             row = infra_error_row(spec, task, sample, f"sandbox failed mid-episode: {e}", version)
         except InferenceUnavailable as e:
@@ -110,6 +143,13 @@ async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer,
                 raise InferenceDown(f"inference server unreachable for rollout {rid} after "
                                     f"{server_failures} tries: {e}") from e
             await asyncio.sleep(min(2.0 * server_failures, 10.0))
+        except ServerMismatchError:
+            raise  # the server's tokens are not ours: every episode would be wrong, so the stage fails
+        except Exception as e:  # a bug of ours: this episode's outcome, never the stage's failure
+            ep = ep or Episode(messages=[], token_ids=[], loss_mask=[], logprobs=[], prompt_length=0)
+            ep.finish_reason, ep.error, ep.final_patch = "agent_error", agent_error_text(e), ""
+            ep.total_seconds = time.monotonic() - started
+            return episode_row(spec, task, sample, ep, getattr(actor, "version", version))
         finally:
             await asyncio.to_thread(sandbox.close)
     return row

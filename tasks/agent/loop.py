@@ -11,7 +11,10 @@ and the server saw.
         calls = parse_tool_calls(completion)             prompts.py
         results = [tools.call(c) for c in calls]         tools.py, in the sandbox
         append the results (observed)
-    final patch = sandbox.diff()
+    final patch = sandbox.diff()                         over its cap: finish_reason patch_too_large
+
+Whatever a tool call causes is an observation (ToolBox.call); the caller (tasks/rollout.py run_one)
+bounds the episode's wall clock from outside and turns an error of our own code into its row.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Protocol
 from tasks.agent.prompts import INSTANCE_PROMPT, SYSTEM_PROMPT, parse_tool_calls
 from tasks.agent.tools import ToolBox, ToolError, prompt_tools
 from tasks.inference.client import Completion
+from tasks.sandbox.base import PatchTooLargeError
 
 
 class Policy(Protocol):
@@ -91,15 +95,25 @@ class ServerMismatchError(RuntimeError):
     """The server reports a prompt other than the one we sent: the tokens would not be exact."""
 
 
-async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer, cfg: EpisodeConfig) -> Episode:
-    from tasks.policy.tokenizer import IM_END, observation_segment_ids, prompt_ids
+def new_episode(problem_statement: str, tokenizer, cfg: EpisodeConfig) -> Episode:
+    """An episode holding its prompt, before its first turn."""
+    from tasks.policy.tokenizer import prompt_ids
 
-    started = time.monotonic()
     messages = [{"role": "system", "content": SYSTEM_PROMPT[cfg.prompt_style]},
                 {"role": "user", "content": INSTANCE_PROMPT[cfg.prompt_style].format(problem_statement=problem_statement)}]
     tokens = prompt_ids(tokenizer, messages, prompt_tools(cfg.prompt_style))
-    ep = Episode(messages=messages, token_ids=tokens, loss_mask=[0] * len(tokens), logprobs=[0.0] * len(tokens),
-                 prompt_length=len(tokens))
+    return Episode(messages=messages, token_ids=tokens, loss_mask=[0] * len(tokens), logprobs=[0.0] * len(tokens),
+                   prompt_length=len(tokens))
+
+
+async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer, cfg: EpisodeConfig,
+                      ep: Episode | None = None) -> Episode:
+    """Play one episode; `ep` (from new_episode) lets the caller keep what it holds should the episode
+    not end by itself (an error, a cut from outside)."""
+    from tasks.policy.tokenizer import IM_END, observation_segment_ids
+
+    started = time.monotonic()
+    ep = ep if ep is not None else new_episode(problem_statement, tokenizer, cfg)
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
     box = ToolBox(sandbox, cfg.command_timeout_s, cfg.observation_cap_chars, style=cfg.prompt_style)
 
@@ -157,6 +171,7 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
         if not results:
             ep.tool_errors += 1
             results.append("ERROR: No tool call found. Call one of the tools, or `finish` when you are done.")
+        results = [_printable(r) for r in results]
         ep.messages += [{"role": "tool", "content": r} for r in results]
         segment = observation_segment_ids(tokenizer, results)
         if len(ep.token_ids) + len(segment) >= cfg.max_context_tokens:
@@ -164,10 +179,21 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
             break
         ep.append(segment)
     t2 = time.monotonic()
-    ep.final_patch = await asyncio.to_thread(sandbox.diff)
+    try:
+        ep.final_patch = await asyncio.to_thread(sandbox.diff)
+    except PatchTooLargeError as e:
+        # The policy's own doing, so not masked: the empty patch's honest 0, never a cut (corrupt) one.
+        ep.finish_reason, ep.final_patch = "patch_too_large", ""
+        ep.error = f"patch_too_large: {e.size - e.cap} bytes over the {e.cap}-byte cap (the patch is {e.size} bytes)"
     ep.sandbox_seconds += time.monotonic() - t2
     ep.total_seconds = time.monotonic() - started
     return ep
+
+
+def _printable(text: str) -> str:
+    """An observation the tokenizer can encode: lone surrogates (a JSON escape in an argument can make
+    them, and observations echo arguments) become '?'."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _first_difference(a, b) -> int:

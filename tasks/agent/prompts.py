@@ -83,10 +83,14 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict], list[str]]:
     """Split a completion into its free text, the well-formed calls and one error per malformed call.
 
     Reads both layouts a Qwen model may write inside <tool_call>: Qwen3.5's XML-style
-    <function=...> blocks (what our template renders) and JSON objects (Qwen3's)."""
+    <function=...> blocks (what our template renders) and JSON objects (Qwen3's). Never raises:
+    whatever text the model wrote is calls, errors or free text."""
     calls, errors = [], []
     for raw in TOOL_CALL_RE.findall(text):
-        call, error = (_parse_json_call if raw.lstrip().startswith("{") else _parse_xml_call)(raw)
+        try:
+            call, error = (_parse_json_call if raw.lstrip().startswith("{") else _parse_xml_call)(raw)
+        except Exception as e:  # one boundary: whatever the text makes the parse raise (deep nesting) is its error
+            call, error = None, f"Malformed tool call ({type(e).__name__}: {str(e)[:100]}): {raw[:200]}"
         if call is not None:
             calls.append(call)
         else:

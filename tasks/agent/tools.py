@@ -14,7 +14,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from tasks.sandbox.base import FileTooLargeError
+from tasks.sandbox.base import FileTooLargeError, SandboxError, SandboxInfraError
 
 SNIPPET_CONTEXT = 4
 
@@ -103,7 +103,7 @@ TOOL_NAMES = ("file_editor", "execute_bash", "search", "finish")
 
 
 class ToolError(Exception):
-    """The call was malformed or impossible; its message becomes the observation."""
+    """The call was malformed, impossible or failed; its message becomes the observation."""
 
 
 @dataclass
@@ -118,9 +118,16 @@ class ToolBox:
     history: dict[str, list[str]] = field(default_factory=dict)
 
     def call(self, name: str, args: dict) -> str:
-        """Run one tool call and return its observation. Raises ToolError for the agent's mistakes."""
-        args = check_arguments(name, args)
-        return _cap(getattr(self, name)(**args), self.observation_cap_chars)
+        """Run one tool call and return its observation. Whatever else the call causes raises
+        ToolError (its message is the observation); only the engine failing (SandboxInfraError)
+        leaves the episode."""
+        try:
+            args = check_arguments(name, args)
+            return _cap(getattr(self, name)(**args), self.observation_cap_chars)
+        except (ToolError, SandboxInfraError):
+            raise
+        except Exception as e:  # one boundary: a policy can cause any error here, so each is an outcome
+            raise ToolError(_failure(name, args, e)) from e
 
     # -- file_editor ----------------------------------------------------------------------
     def file_editor(self, command: str | None = None, path: str | None = None, file_text: str | None = None,
@@ -247,6 +254,23 @@ _JSON_TYPES = {"string": str, "integer": int, "array": list}
 _SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in tool_schemas("full")}
 
 
+def _failure(name: str, args, e: Exception) -> str:
+    """The observation of a call that failed: the call (its command, path, cmd, search term) and why."""
+    what = ", ".join(f"{k}={_short(args[k])}" for k in ("command", "path", "cmd", "search_term")
+                     if isinstance(args, dict) and k in args)
+    why = str(e) if isinstance(e, (OSError, SandboxError)) and str(e) else f"{type(e).__name__}: {e}"
+    return f"{name}({what}) failed: {why}"
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+# Parameters that travel as argv entries (a path, a command line, a search term): NUL cannot be passed.
+ARGV_PARAMETERS = ("path", "cmd", "search_term")
+
+
 def check_arguments(name: str, args) -> dict:
     """A call's arguments checked against its tool's schema (names, required ones, JSON types):
     what the agent got wrong comes back as a ToolError naming it, before any tool runs."""
@@ -266,6 +290,9 @@ def check_arguments(name: str, args) -> dict:
         if value is not None and not ok:
             kind = "a list of integers" if want == "array" else f"a JSON {want}"
             raise ToolError(f"Parameter {key} of {name} must be {kind}, got {json.dumps(value)[:100]}.")
+        if key in ARGV_PARAMETERS and isinstance(value, str) and "\0" in value:
+            raise ToolError(f"Parameter {key} of {name} contains a NUL byte (\\0), which no {key} can hold: "
+                            f"{_short(value)}.")
     return args
 
 

@@ -29,13 +29,15 @@ from schemas.tables import ADVANTAGES
 
 log = logging.getLogger(__name__)
 
-# finish_reason -> mask reason. These rollouts were cut off or broken by infrastructure:
+# finish_reason -> mask reason. These rollouts were cut off or broken by infrastructure or by us:
 # their reward says nothing about the policy, so they are invalid samples (MLPerf:
 # "rollouts truncated by timeouts are invalid samples (masked, not zero reward)").
 MASKED_FINISH_REASONS: dict[str, str] = {
     "infra_error": "rollout_infra_error",
+    "agent_error": "rollout_agent_error",  # an error of our own code ended the episode
     "timeout": "timeout",
     "context_limit": "context_limit",
+    # Not patch_too_large: writing that much is the policy's own action, so its empty patch's 0 stands.
 }
 MASK_GRADING_INFRA_ERROR = "grading_infra_error"
 MASK_GRADING_ENV_ERROR = "grading_env_error"  # the task's environment could not run its tests

@@ -55,6 +55,14 @@ class FileTooLargeError(OSError):
         self.path, self.size, self.cap = path, size, cap
 
 
+class PatchTooLargeError(SandboxError):
+    """diff() refused a patch over DIFF_CAP_BYTES: a patch is whole or not at all, never cut."""
+
+    def __init__(self, size: int, cap: int):
+        super().__init__(f"the patch is {size} bytes, {size - cap} bytes over the {cap}-byte cap")
+        self.size, self.cap = size, cap
+
+
 @dataclass
 class CommandResult:
     exit_code: int | None  # None when the command was killed by the wall clock
@@ -172,13 +180,16 @@ class BaseSandbox:
     # -- shared -------------------------------------------------------------------------
     # Bytes read_file returns at most; a larger file raises FileTooLargeError.
     read_cap_bytes = 256 * 1024 * 1024
+    # Bytes of patch diff() returns at most; a larger one raises PatchTooLargeError.
+    diff_cap_bytes = DIFF_CAP_BYTES
 
     def read_file(self, path: str) -> str:
         # Read inside the sandbox: a host-side open() would follow the agent's symlinks as root.
-        # The size first, then at most cap + 1 bytes: a file over the cap is refused, not cut.
+        # The size first: a file over the cap is refused unread, never cut; one whose size stat
+        # cannot tell (/proc) is read to at most cap + 1 bytes.
         cap = self.read_cap_bytes
-        r, data = self._exec(["/bin/sh", "-c", 'stat -L -c %s -- "$1" && exec head -c "$2" -- "$1"', "sh",
-                              check_path(path), str(cap + 1)], 60, cap + 64)
+        script = 's=$(stat -L -c %s -- "$1") && echo "$s" && if [ "$s" -le "$2" ]; then exec head -c "$3" -- "$1"; fi'
+        r, data = self._exec(["/bin/sh", "-c", script, "sh", check_path(path), str(cap), str(cap + 1)], 60, cap + 64)
         size, _, data = data.partition(b"\n")
         if r.exit_code != 0 or not size.isdigit():
             err = data if size.isdigit() else size + b"\n" + data  # stat's or head's message
@@ -192,15 +203,18 @@ class BaseSandbox:
 
         `git add -A && git diff --cached` as R2E-Gym's get_patch, minus DIFF_EXCLUDES, and
         `--binary` so that a binary change still applies at grading time; computed by a git the
-        agent cannot replace or configure, against the task's pristine .git (diff_script).
+        agent cannot replace or configure, against the task's pristine .git (diff_script). A patch
+        over diff_cap_bytes raises PatchTooLargeError.
         """
         r = self._run_diff()
         if not r.ok:
             raise SandboxError(f"git diff failed in /testbed (exit {r.exit_code}): {r.output[-2000:]}")
+        if r.truncated:  # cut in the middle it would be a corrupt patch
+            raise PatchTooLargeError(r.output_bytes, self.diff_cap_bytes)
         return r.output
 
     def _run_diff(self) -> CommandResult:
-        return self.run(diff_script(), timeout=60, output_cap=DIFF_CAP_BYTES, env=TRUSTED_GIT_ENV)
+        return self.run(diff_script(), timeout=60, output_cap=self.diff_cap_bytes, env=TRUSTED_GIT_ENV)
 
     def close(self) -> None:
         if getattr(self, "_closed", False):

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 
-from tasks.sandbox.base import (DIFF_CAP_BYTES, LOCAL_PATH, PRISTINE_GIT, R2E_PATH, TRUSTED_GIT_ENV, BaseSandbox,
+from tasks.sandbox.base import (LOCAL_PATH, PRISTINE_GIT, R2E_PATH, TRUSTED_GIT_ENV, BaseSandbox,
                                 CommandResult, OutputCap, SandboxError, SandboxInfraError,
                                 add_cpu_seconds, chown_tree, decode, diff_script, mount_tmpfs, new_id,
                                 owner_pid, register, remove_tmpfs_dir, tree_bytes)
@@ -380,7 +380,7 @@ class DockerSandbox(BaseSandbox):
     def _run_diff(self) -> CommandResult:
         if not self.local:
             # R2E-Gym images run the agent as root: nothing there is out of its reach, so their git as before.
-            return self.run(diff_script(trusted=False), timeout=60, output_cap=DIFF_CAP_BYTES)
+            return self.run(diff_script(trusted=False), timeout=60, output_cap=self.diff_cap_bytes)
         # Background processes outlive commands here: end them, then give the diff (uid 1000 too) a
         # fresh dir no process of the agent's can rewrite.
         r, _ = self._exec(["/bin/sh", "-c", _KILL_ALL], 30, 4096, workdir="/", wrap=False)
@@ -390,7 +390,7 @@ class DockerSandbox(BaseSandbox):
         d.mkdir(exist_ok=True)
         os.chown(d, SANDBOX_UID, SANDBOX_UID)
         try:
-            r, _ = self._exec(["/bin/sh", "-c", diff_script(scratch=BINDS["scratch"] + "/diff")], 60, DIFF_CAP_BYTES,
+            r, _ = self._exec(["/bin/sh", "-c", diff_script(scratch=BINDS["scratch"] + "/diff")], 60, self.diff_cap_bytes,
                               env=TRUSTED_GIT_ENV)
         finally:
             shutil.rmtree(d, ignore_errors=True)
