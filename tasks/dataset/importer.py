@@ -119,7 +119,7 @@ def parsed_commit_from_patch(repo: pathlib.Path, patch: str, message: str) -> di
 def build_task(task_dir: pathlib.Path, store, sandbox_cfg, offline: bool = False) -> tuple[dict, list[str]]:
     """(R2E-Gym-style row with environment_uri, notes) for one task directory; raises ImportFailure."""
     from tasks.sandbox import EnvironmentSpecError, RUN_TESTS_SH
-    from tasks.sandbox.environment import build_archive_from_dir
+    from tasks.sandbox.environment import build_archive_from_dir, snapshot_left_out
 
     name, repo, tests = task_dir.name, task_dir / "repo", task_dir / "r2e_tests"
     spec_path = task_dir / "task.json"
@@ -130,9 +130,11 @@ def build_task(task_dir: pathlib.Path, store, sandbox_cfg, offline: bool = False
     for need in (repo, tests):
         if not need.is_dir():
             raise ImportFailure(f"no {need.name}/ directory")
-    notes = [f"repo/{n} left out (the environment has its own)" for n in (".git", ".venv") if (repo / n).exists()]
+    # The testbed's commit and history tell the agent nothing: not this directory's name, no .git.
+    notes = [f"repo/{p} left out " + ("(the environment has its own)" if p in (".git", ".venv") else
+                                      "(a nested repository's history; its files stay)")
+             for p in snapshot_left_out(repo)]
     run_tests = (task_dir / "run_tests.sh").read_text() if (task_dir / "run_tests.sh").exists() else RUN_TESTS_SH
-    message = f"{name}: buggy state"
     if "parsed_commit_content" in spec:
         commit = spec.pop("parsed_commit_content")
         commit = json.loads(commit) if isinstance(commit, str) else commit
@@ -146,7 +148,7 @@ def build_task(task_dir: pathlib.Path, store, sandbox_cfg, offline: bool = False
         if requirements or pythonpath:
             venv = build_venv(task_dir, requirements, pythonpath, sandbox_cfg, pathlib.Path(d), offline)
         try:
-            archive, head = build_archive_from_dir(repo, tests, run_tests, venv=venv, message=message)
+            archive, head = build_archive_from_dir(repo, tests, run_tests, venv=venv)
         except EnvironmentSpecError as e:
             raise ImportFailure(str(e)) from None
     uri = store.put_bytes(f"environments/import/{hashlib.sha256(archive).hexdigest()[:24]}.tar.gz", archive)

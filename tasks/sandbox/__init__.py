@@ -43,9 +43,12 @@ tasks.sandbox reap`) removes what a SIGKILLed process left.
 
 Environment archive (`environment_uri` in the tasks table; an object-store URI of a .tar.gz,
 built by `build_environment_archive` (in-memory files) or `environment.build_archive_from_dir` (a
-directory: file modes, symlinks and empty directories kept; its own .git and .venv left out):
+directory: file modes, symlinks and empty directories kept; every .git at any depth (a nested
+repository's files stay, its history does not) and its own .venv left out):
 
-    testbed/                 the repo, a git repository whose single commit is the buggy state
+    testbed/                 the repo, a fresh git repository whose single commit is the buggy state
+                             (message "buggy state", fixed author and date; no other refs, no
+                             reflogs, hooks or other objects): the task's name and history stay out
     testbed/.git/info/exclude   lists .venv, __pycache__/, *.pyc, .pytest_cache/ (clean `git status`)
     testbed/.venv/           either only bin/python, a symlink to /usr/bin/python3 (the image's python;
                              the mini benchmark), or a real virtualenv for /testbed/.venv made with
@@ -67,7 +70,7 @@ Importing a user's own repositories (`python -m tasks.dataset.importer DIR --sto
 [--backend bwrap|docker] [--offline] [--num-validation N]`; DIR a local directory or an
 object-store prefix, one directory per task):
 
-    <name>/repo/            the repo snapshot in its buggy state (its own .git and .venv are left out)
+    <name>/repo/            the repo snapshot in its buggy state (every .git and its own .venv are left out)
     <name>/r2e_tests/       the hidden tests
     <name>/gold.patch       the fix, a unified diff against repo/ (`git diff` output; text files), or
                             parsed_commit_content in task.json (R2E-Gym's ParsedCommit)

@@ -235,8 +235,7 @@ def _root_owned_readable(root: pathlib.Path) -> None:
 
 
 def build_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],
-                  run_tests: str = RUN_TESTS_SH, python: str = "/usr/bin/python3",
-                  message: str = "buggy state") -> bytes:
+                  run_tests: str = RUN_TESTS_SH, python: str = "/usr/bin/python3") -> bytes:
     """A .tar.gz environment archive in the documented layout, from in-memory files.
 
     files: repo-relative path -> content (the buggy state, committed once);
@@ -248,24 +247,47 @@ def build_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],
         for rel, content in tests.items():
             _write(pathlib.Path(d) / "tests" / rel, content)
         return build_archive_from_dir(pathlib.Path(d) / "repo", pathlib.Path(d) / "tests", run_tests,
-                                      python=python, message=message)[0]
+                                      python=python)[0]
 
 
-# Never copied from a repo snapshot: its own history and virtualenv (the environment has one commit
-# and its own .venv) and caches.
-_SKIP_TOP = (".git", ".venv")
-_SKIP_ANY = ("__pycache__", ".pytest_cache")
+# Never copied from a repo snapshot: any repository's history (a .git directory or gitfile at any
+# depth; a nested repository's files stay, as plain files of the one commit), its own virtualenv
+# (the environment has its own .venv) and caches.
+_SKIP_TOP = (".venv",)
+_SKIP_ANY = (".git", "__pycache__", ".pytest_cache")
+# The testbed's one commit says nothing about the task (the agent reads `git log`); author and
+# date are fixed too.
+COMMIT_MESSAGE = "buggy state"
+_GIT_IDENTITY = {"GIT_AUTHOR_NAME": "rlvr", "GIT_AUTHOR_EMAIL": "rlvr@localhost", "GIT_COMMITTER_NAME": "rlvr",
+                 "GIT_COMMITTER_EMAIL": "rlvr@localhost", "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+                 "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z", "GIT_CONFIG_NOSYSTEM": "1",
+                 "GIT_CONFIG_GLOBAL": "/dev/null"}
+
+
+def snapshot_left_out(repo: str | os.PathLike) -> list[str]:
+    """Repo-relative paths of the history and virtualenv build_archive_from_dir leaves out of a
+    snapshot (caches not listed), sorted; symlinked directories are not followed."""
+    repo, out = pathlib.Path(repo), []
+    for dirpath, dirnames, filenames in os.walk(repo):
+        top = os.path.samefile(dirpath, repo)
+        out += [os.path.relpath(os.path.join(dirpath, n), repo) for n in dirnames + filenames
+                if n == ".git" or (top and n in _SKIP_TOP)]
+        dirnames[:] = [n for n in dirnames if n not in _SKIP_ANY and not (top and n in _SKIP_TOP)]
+    return sorted(out)
 
 
 def build_archive_from_dir(repo: str | os.PathLike, tests: str | os.PathLike, run_tests: str = RUN_TESTS_SH,
-                           venv: str | os.PathLike | None = None, python: str = "/usr/bin/python3",
-                           message: str = "buggy state") -> tuple[bytes, str]:
+                           venv: str | os.PathLike | None = None,
+                           python: str = "/usr/bin/python3") -> tuple[bytes, str]:
     """(.tar.gz archive, HEAD commit sha) from a repo snapshot directory and a hidden-tests directory.
 
-    File modes, symlinks and empty directories are kept. The snapshot's own .git and .venv are
-    left out (a .venv made on another machine names that machine's interpreter). venv: a virtualenv
-    built for /testbed/.venv with the image's Python (tasks/dataset/importer.py) to ship as
-    testbed/.venv; None ships the link .venv/bin/python -> `python`.
+    File modes, symlinks and empty directories are kept. Every .git at any depth and the snapshot's
+    own .venv are left out (a .venv made on another machine names that machine's interpreter). The
+    testbed is a fresh repository holding only the snapshot: one branch (main) with one commit
+    (COMMIT_MESSAGE, fixed author and date), no other refs, no reflogs, no hooks, no objects
+    but that commit's, a config without paths. venv: a virtualenv built for /testbed/.venv with
+    the image's Python (tasks/dataset/importer.py) to ship as testbed/.venv; None ships the link
+    .venv/bin/python -> `python`.
     """
     repo, tests = pathlib.Path(repo), pathlib.Path(tests)
     for name in ("r2e_tests", "run_tests.sh"):
@@ -283,17 +305,18 @@ def build_archive_from_dir(repo: str | os.PathLike, tests: str | os.PathLike, ru
         if repo.is_dir():
             shutil.copytree(repo, tb, symlinks=True, ignore=skip)
         tb.mkdir(exist_ok=True)
-        git_env = dict(os.environ, GIT_AUTHOR_NAME="rlvr", GIT_AUTHOR_EMAIL="rlvr@localhost",
-                       GIT_COMMITTER_NAME="rlvr", GIT_COMMITTER_EMAIL="rlvr@localhost",
-                       GIT_AUTHOR_DATE="2000-01-01T00:00:00Z", GIT_COMMITTER_DATE="2000-01-01T00:00:00Z",
-                       GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null")
-        # No template: no sample hooks, a smaller archive. filemode on: an executable stays 100755.
+        # The caller's GIT_DIR, GIT_INDEX_FILE, ... must not redirect or add to the new repository.
+        git_env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | _GIT_IDENTITY
+        # No template: no sample hooks or description, a smaller archive. filemode on: an executable stays 100755.
         subprocess.run(["git", "init", "-q", "--template=", "-b", "main", str(tb)], check=True, env=git_env)
         subprocess.run(["git", "-C", str(tb), "config", "core.filemode", "true"], check=True, env=git_env)
         (tb / ".git" / "info").mkdir(exist_ok=True)
         (tb / ".git" / "info" / "exclude").write_text(GIT_EXCLUDES)
         subprocess.run(["git", "-C", str(tb), "add", "-A"], check=True, env=git_env)
-        subprocess.run(["git", "-C", str(tb), "commit", "-q", "--allow-empty", "-m", message], check=True, env=git_env)
+        # No reflog of the build; COMMIT_EDITMSG is the build's, not the snapshot's.
+        subprocess.run(["git", "-C", str(tb), "-c", "core.logAllRefUpdates=false", "commit", "-q", "--allow-empty",
+                        "--no-verify", "-m", COMMIT_MESSAGE], check=True, env=git_env)
+        (tb / ".git" / "COMMIT_EDITMSG").unlink(missing_ok=True)
         head = subprocess.run(["git", "-C", str(tb), "rev-parse", "HEAD"], check=True, env=git_env,
                               capture_output=True, text=True).stdout.strip()
         if venv is not None:
