@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
-	bench-import bench-cluster bench-levers bench-ceiling bench-grading base
+	bench-import bench-cluster bench-levers bench-ceiling bench-grading base chaos
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -118,3 +118,8 @@ ui: venv
 
 ui-stop:
 	infra/ui.sh stop
+
+# The adversarial policy (tasks/agent/adversary.py) in a longer training run per backend: actions by
+# kind, outcomes by status, reward-1 patches and whether each carried the gold fix, wall time.
+chaos: setup
+	$(PY) tests/bench/chaos.py $(or $(ARGS),--steps 20 --backends bwrap,docker)

