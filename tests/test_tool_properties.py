@@ -130,9 +130,22 @@ def test_check_arguments_returns_the_arguments_or_raises_tool_error(name, args):
         assert str(e)
 
 
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"]["properties"] for t in tool_schemas("full")}
+VALUES = {"string": st.sampled_from(COMMANDS) | st.just("/testbed/calc/__init__.py") | odd_text,
+          "integer": st.integers(-3, 1000), "array": st.lists(st.integers(-3, 1000), max_size=3)}
+
+
+def typed_arguments(name: str):
+    """Arguments of the right names and types (so the call reaches the sandbox), or any at all."""
+    props = SCHEMAS[name]
+    typed = st.fixed_dictionaries({}, optional={k: VALUES[v["type"]] for k, v in props.items()})
+    return typed | arguments
+
+
 @FAST
-@given(st.data(), st.sampled_from([n for n in TOOL_NAMES if n != "finish"]), arguments, st.sampled_from(["full", "short"]))
-def test_every_tool_call_is_an_observation_or_a_tool_error(data, name, args, style):
+@given(st.data(), st.sampled_from([n for n in TOOL_NAMES if n != "finish"]), st.sampled_from(["full", "short"]))
+def test_every_tool_call_is_an_observation_or_a_tool_error(data, name, style):
+    args = data.draw(typed_arguments(name), label="args")
     sb = FakeSandbox(data)
     box = ToolBox(sb, command_timeout_s=1, observation_cap_chars=200, style=style)
     for _ in range(2):  # the second call sees the first's edit history
