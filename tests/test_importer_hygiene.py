@@ -120,7 +120,8 @@ def test_import_keeps_only_the_snapshot(tmp_path):
     from tasks.storage import Store
 
     task = task_with_history(tmp_path / "src")
-    assert "SECRET-FIX-CONTENT" in git(task / "repo" / "vendor" / "lib", "show", "answer:FIX.txt")  # the set-up holds it
+    # The set-up holds the fix in the nested history.
+    assert "SECRET-FIX-CONTENT" in git(task / "repo" / "vendor" / "lib", "show", "answer:FIX.txt")
     store = Store(f"file://{tmp_path}/store")
     row, notes = build_task(task, store, SandboxConfig(), offline=True)
     assert notes == ["repo/.git left out (the environment has its own)",
