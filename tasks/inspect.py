@@ -185,6 +185,21 @@ def finish_reasons(run: Run, stage: str = "trajectories") -> pd.DataFrame:
     return df.pivot_table(index="step", columns="finish_reason", values="rollout_id", aggfunc="count", fill_value=0)
 
 
+def reward_hacks(run: Run, stage: str = "rewards") -> pd.DataFrame:
+    """One row per rollout the grader flagged: harness changes removed, tampering (reward 0), or
+    reward-hacking constructs in its patch (tasks/grading/hacks.py). Open one with
+    pick_rollout(run, rollout_id)."""
+    df = run.stage(stage)
+    cols = ["rollout_id", "step", "instance_id", "reward", "signal", "details"]
+    rows = []
+    for r in df.to_dict("records") if len(df) else []:
+        for signal in ("tampering", "harness_changes", "hack_signals"):
+            found = r.get(signal)
+            if found is not None and len(found):
+                rows.append({**{c: r[c] for c in cols[:4]}, "signal": signal, "details": "; ".join(found)})
+    return pd.DataFrame(rows, columns=cols)
+
+
 # -- pictures (matplotlib) ----------------------------------------------------------------
 def _plt():
     import matplotlib

@@ -78,7 +78,9 @@ def main(argv=None) -> int:
         for name, code in codes.items():
             out = subprocess.run([sys.executable, __file__, "--round", code, "--backend", a.backend, "--tasks",
                                   str(a.tasks), "--concurrency", str(a.concurrency)],
-                                 capture_output=True, text=True, cwd=code)
+                                 capture_output=True, text=True, cwd=code,
+                                 env={**os.environ, "RLVR_CACHE_DIR": os.environ.get("RLVR_CACHE_DIR",
+                                                                                     os.path.join(REPO, ".rlvr"))})
             if out.returncode != 0:
                 print(out.stderr[-3000:], file=sys.stderr)
                 return 1
