@@ -5,7 +5,8 @@ times and then recorded as an `infra_error` trajectory (masked downstream,
 never dropped). An error of our own code inside an episode ends that episode
 alone, as an `agent_error` row (masked, its traceback kept); an episode still
 running past its wall-clock bound is cut from outside (a `timeout` row). An
-inference server that goes away fails the in-flight episodes, which are retried; finished episodes are committed as they complete, in small
+inference server that goes away fails the in-flight episodes, which are retried;
+finished episodes are committed as they complete, in small
 append-only `<stage>_partial-NNNNN` tables (one per flush: a flush writes only the
 episodes finished since the last one), so a crash or kill loses at most the episodes
 in flight and a rerun of the same stage picks up where it stopped.

@@ -140,7 +140,8 @@ def play(task, policy, cfg, tokenizer, store=None):
     from tasks.rollout import RolloutSpec, run_one
 
     spec = RolloutSpec(run_id="b", step=1, split="train", samples_per_task=1, temperature=1.0, top_p=1.0)
-    return asyncio.run(run_one(task, 0, spec, policy, tokenizer, cfg, store))
+    # The test's own bound: without run_one's, an episode that never ends fails here instead of hanging.
+    return asyncio.run(asyncio.wait_for(run_one(task, 0, spec, policy, tokenizer, cfg, store), 120))
 
 
 async def bug():
@@ -339,5 +340,6 @@ def test_read_file_refuses_by_size_before_reading(sandbox_backend, calc, sandbox
         with pytest.raises(FileTooLargeError):
             sb.read_file("/dev/zero")
         assert read[-1] <= 4096 + 1 + 64
-        obs = observe(ToolBox(sb, command_timeout_s=10), "file_editor", {"command": "view", "path": "/testbed/huge.bin"})
+        box = ToolBox(sb, command_timeout_s=10)
+        obs = observe(box, "file_editor", {"command": "view", "path": "/testbed/huge.bin"})
         assert obs.startswith("ERROR: ") and "huge.bin is 1073741824 bytes" in obs and "head, sed -n" in obs
