@@ -192,7 +192,9 @@ class AgentConfig(_Strict):
     max_context_tokens: int = Field(65536, ge=128)
     command_timeout_s: float = Field(30.0, gt=0)
     observation_cap_chars: int = Field(8000, ge=100)
-    # Whole-episode wall clock; past it the rollout ends as finish_reason="timeout".
+    # Whole-episode wall clock; past it the rollout ends as finish_reason="timeout". Checked between
+    # turns, and enforced from outside the loop (plus a grace for the last turn and the diff:
+    # tasks/rollout.py EPISODE_GRACE_S), closing the sandbox so a hung call cannot hold a step.
     episode_timeout_s: float = Field(600.0, gt=0)
     # Episodes in flight at once (each holds one sandbox).
     concurrency: int = Field(16, ge=1)

@@ -288,7 +288,7 @@ class _Box:
     def run(self, cmd, timeout=None, **kw):
         from tasks.sandbox import CommandResult
 
-        tests = cmd.endswith("bash /root/run_tests.sh")
+        tests = "bash /root/run_tests.sh;" in cmd
         return CommandResult(exit_code=(1 if self.log else 4) if tests else 0, output=self.log if tests else "",
                              timed_out=False, seconds=0.01)
 

@@ -76,7 +76,7 @@ import pyarrow as pa
 from schemas.tables import REWARDS
 from tasks.grading.hacks import hack_signals
 from tasks.grading.r2e import clean_test_output, parse_log_pytest, r2e_reward
-from tasks.grading.verdict import Recorder, cut_log, disagreements, read_record
+from tasks.grading.verdict import Recorder, cut_log, disagreements, read_record, split_record
 from tasks.sandbox import EnvironmentSpecError, SandboxInfraError, close_all, open_sandbox, reap_stale
 
 GIT = "/usr/bin/git"  # the image's, never a PATH lookup: /testbed/.venv/bin comes first there
@@ -199,17 +199,21 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
     t0 = time.monotonic()
     with open_sandbox(task_row, cfg, store, mode="grading") as sb:
         res.sandbox_start_seconds = time.monotonic() - t0
-        rec, folder, shadowed = _install_recorder(sb, task_row, cfg)
+        rec = Recorder()
+        shadowed = SHADOWED | _startup_modules(sb, task_row, cfg)
+        folder = f"/tmp/.rlvr-{rec.token}"
         # Status before and after applying: what the patch really changed, in git's terms.
         status = f"{GIT} status --porcelain=v1 -z --ignored=matching -unormal"
-        steps = [f"printf '%s' '{MARK}'", status]
+        # The recorder goes in first, as a here-document: the patch is on stdin.
+        steps = [f"mkdir -m 700 {folder} && cat > {folder}/{rec.module}.py <<'RLVR_{rec.token}'",
+                 f"printf '%s' '{MARK}'", status]
         if patch.strip():  # git apply itself rejects empty input
             excludes = " ".join(shlex.quote("--exclude=" + _wildmatch_literal(n)) for n, _ in excluded)
             steps += [f'out=$({GIT} apply --whitespace=fix {excludes} - 2>&1) || '
                       f'{{ printf "%s" "$out"; exit {PATCH_REJECTED}; }}']
         steps += [f"printf '%s' '{MARK}'", status, "rm -rf r2e_tests run_tests.sh && ln -s /root/r2e_tests r2e_tests"]
-        r = sb.run(" && ".join(steps), timeout=cfg.command_timeout_s, stdin=patch if patch.strip() else None,
-                   output_cap=1024 * 1024)
+        r = sb.run(" && ".join(steps) + f"\n{rec.source}\nRLVR_{rec.token}\n", timeout=cfg.command_timeout_s,
+                   stdin=patch if patch.strip() else None, output_cap=1024 * 1024)
         if r.timed_out:
             raise SandboxInfraError(f"set-up timeout: git apply / placing tests ran past {cfg.command_timeout_s:g}s")
         if r.exit_code == PATCH_REJECTED:
@@ -235,14 +239,15 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
                                + [f"{p}: {why}" for p, _, why in revert])
         kept = {p for p in changed if p not in {q for q, _, _ in revert}}
         r = sb.run(f'PYTHONPATH="{folder}${{PYTHONPATH:+:$PYTHONPATH}}" '
-                   f'PYTEST_ADDOPTS="-p {rec.module}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" bash /root/run_tests.sh',
+                   f'PYTEST_ADDOPTS="-p {rec.module}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" bash /root/run_tests.sh; '
+                   f"s=$?; printf '\\n%s\\n' '{rec.record_marker}'; cat -- {folder}/record 2>/dev/null; exit $s",
                    timeout=cfg.test_timeout_s, output_cap=getattr(cfg, "test_output_cap_bytes", 8 * 1024 * 1024))
         res.test_seconds = r.seconds
-        log, late = cut_log(clean_test_output(r.output, r.timed_out, cfg.test_timeout_s), rec)
+        output, record = split_record(r.output, rec)
+        log, late = cut_log(clean_test_output(output, r.timed_out, cfg.test_timeout_s), rec)
         res.test_output = log
         res.test_statuses = parse_log_pytest(log)
-        record = sb.run(f"cat -- {folder}/record", timeout=cfg.command_timeout_s, output_cap=16 * 1024 * 1024)
-        evidence = read_record(record.output if record.ok else "", rec.nonce)
+        evidence = read_record(record, rec.nonce)
         res.verdict_loaded = evidence.loaded
         why = None if r.timed_out else tests_did_not_run(res.test_statuses, task_row["expected_output_json"])
         broken = why and (f"{why}, without a patch" if not patch.strip() else _pristine_failure(task_row, cfg, store))
@@ -269,38 +274,26 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
 _STARTUP: dict[tuple, frozenset] = {}
 
 
-def _install_recorder(sb, task_row: dict, cfg) -> tuple[Recorder, str, frozenset]:
-    """Write this grading's recorder plugin into the sandbox (outside /testbed, before the patch is
-    applied); the first time for an environment, also run the test runner's start-up once with it
-    (pytest --version) to learn which modules it imports: a patch may not add one of those."""
-    rec = Recorder()
-    env = getattr(sb, "env", None)
-    kind = task_row.get("docker_image") or (task_row.get("environment_uri") if getattr(env, "plugins", False)
+def _startup_modules(sb, task_row: dict, cfg) -> frozenset:
+    """The top-level modules the task's test runner imports at start-up, before the patch is
+    applied: learned once per environment by running that start-up (pytest --version) with the
+    recorder. A patch may not add a module of those names. The repository's own modules (pytest
+    imported them: the repo is one of its dependencies) stay its own."""
+    kind = task_row.get("docker_image") or (task_row.get("environment_uri") if getattr(getattr(sb, "env", None), "plugins", False)
                                             else "interpreter")
     key = (kind, cfg.image, cfg.backend)
-    probe = key not in _STARTUP
-    cmd = (f'd=$(mktemp -d /tmp/.rlvr-XXXXXXXX) && cat > "$d/src" && cp "$d/src" "$d/{rec.module}.py" && '
-           f'printf "%s\\n" "$d"')
-    if probe:
-        cmd += (f' && mkdir "$d/probe" && mv "$d/src" "$d/probe/{rec.module}.py" && '
-                f'(PYTHONPATH="$d/probe" PYTEST_ADDOPTS="-p {rec.module} --version" bash /root/run_tests.sh '
-                f'>/dev/null 2>&1; cat -- "$d/probe/record" 2>/dev/null; rm -rf "$d/probe"; true)')
-    else:
-        cmd += ' && rm -f "$d/src"'
-    r = sb.run(cmd, timeout=cfg.command_timeout_s, stdin=rec.source, output_cap=4 * 1024 * 1024)
-    if not r.ok:
-        raise SandboxInfraError(f"set-up failed: cannot install the verdict recorder: {r.output.strip()[:500]}")
-    folder, _, record = r.output.partition("\n")
-    if probe:
-        names = set()
-        for line in record.splitlines():
-            if line.startswith(rec.nonce + " "):
-                start = json.loads(line.split(" ", 1)[1])
-                # the repository's own modules (pytest imported them: the repo is one of its dependencies) stay its own
-                names |= set(start.get("modules", [])) - {m.split(".")[0] for m, _ in start.get("testbed_modules", [])}
-        names.discard(rec.module)
-        _STARTUP[key] = frozenset(names)
-    return rec, folder.strip(), SHADOWED | _STARTUP[key]
+    if key not in _STARTUP:
+        rec = Recorder()
+        d = f"/tmp/.rlvr-probe-{rec.token}"
+        r = sb.run(f'mkdir -m 700 {d} && cat > {d}/{rec.module}.py && (PYTHONPATH={d} '
+                   f'PYTEST_ADDOPTS="-p {rec.module} --version" bash /root/run_tests.sh >/dev/null 2>&1; '
+                   f'cat -- {d}/record 2>/dev/null; rm -rf {d}; true)',
+                   timeout=cfg.command_timeout_s, stdin=rec.source, output_cap=4 * 1024 * 1024)
+        if not r.ok:
+            raise SandboxInfraError(f"set-up failed: the test runner's start-up probe: {r.output.strip()[:500]}")
+        start = read_record(r.output, rec.nonce)
+        _STARTUP[key] = frozenset(start.modules - {m.split(".")[0] for m, _ in start.testbed_modules} - {rec.module})
+    return _STARTUP[key]
 
 
 def tests_did_not_run(statuses: dict[str, str], expected: dict | str) -> str | None:

@@ -32,13 +32,15 @@ PLACEHOLDER = "@@RLVR_NONCE@@"
 
 @dataclass
 class Recorder:
-    """One grading's plugin: its module name (holds the nonce: nothing can shadow it) and source."""
+    """One grading's plugin: a module name no repository can shadow (a random token; visible in
+    sys.modules once loaded), and the nonce its lines carry (kept out of names)."""
 
     nonce: str = field(default_factory=lambda: secrets.token_hex(16))
+    token: str = field(default_factory=lambda: secrets.token_hex(8))
 
     @property
     def module(self) -> str:
-        return f"rlvr_verdict_{self.nonce}"
+        return f"rlvr_verdict_{self.token}"
 
     @property
     def source(self) -> str:
@@ -47,6 +49,10 @@ class Recorder:
     @property
     def end_marker(self) -> str:
         return f"{self.nonce} end of pytest"
+
+    @property
+    def record_marker(self) -> str:  # printed by the grader's shell after pytest, before the record
+        return f"{self.nonce} record"
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Evidence:
     changed: list[str] = field(default_factory=list)  # pytest functions replaced after start-up
     changed_files: list[str] = field(default_factory=list)
     plugins: list[tuple[str, str]] = field(default_factory=list)  # (name, repo path) registered later
+    modules: set[str] = field(default_factory=set)  # top-level modules loaded at start-up
 
 
 def r2e_key(nodeid: str) -> str:
@@ -82,6 +89,7 @@ def read_record(text: str, nonce: str) -> Evidence:
             ev.loaded = True
             ev.testbed_modules = [tuple(m) for m in e.get("testbed_modules", [])]
             ev.foreign = list(e.get("foreign", []))
+            ev.modules = set(e.get("modules", []))
         elif kind == "test":
             ev.tests.setdefault(r2e_key(e["nodeid"]), set()).add(e["status"])
         elif kind == "changed":
@@ -92,6 +100,13 @@ def read_record(text: str, nonce: str) -> Evidence:
         elif kind == "end":
             ev.ended = True
     return ev
+
+
+def split_record(output: str, rec: Recorder) -> tuple[str, str]:
+    """(the test command's output, the record the grader's shell printed after it). Without the
+    marker (the command was killed by the clock) there is no record."""
+    head, sep, tail = output.rpartition("\n" + rec.record_marker + "\n")
+    return (head, tail) if sep else (output, "")
 
 
 def cut_log(log: str, rec: Recorder) -> tuple[str, str]:

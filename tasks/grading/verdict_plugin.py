@@ -15,7 +15,9 @@ by the nonce, to a record file (written as it happens, so nothing later can take
 - `end`: the session finished; then a marker line on pytest's stdout, after its last line,
   so the grader can drop whatever the process printed after the session (atexit handlers).
 
-The nonce is only in memory: this file and its bytecode are deleted once imported.
+The nonce is only in memory (this file and its bytecode are deleted once imported), in closures
+rather than a named attribute. Code in the same process that goes looking for it there can find
+it: this raises the bar against forging, the integrity checks above catch the known ways.
 """
 
 import json
@@ -23,7 +25,6 @@ import os
 import sys
 import types
 
-NONCE = "@@RLVR_NONCE@@"
 TESTBED = "/testbed/"
 WATCHED = ("_pytest.reports", "_pytest.runner", "_pytest.terminal", "_pytest.skipping", "_pytest.python",
            "_pytest.main", "_pytest.outcomes", "_pytest.capture", "_pytest.unittest", "_pytest.nodes",
@@ -47,8 +48,18 @@ def _forget_source():
         pass
 
 
-def _emit(event):
-    os.write(_record, (NONCE + " " + json.dumps(event, sort_keys=True) + "\n").encode("utf-8", "replace"))
+def _writers(nonce):
+    # The nonce stays in these closures, not in a module attribute a test could read by name.
+    def emit(event):
+        os.write(_record, (nonce + " " + json.dumps(event, sort_keys=True) + "\n").encode("utf-8", "replace"))
+
+    def end_marker():
+        os.write(_stdout, ("\n" + nonce + " end of pytest\n").encode())
+
+    return emit, end_marker
+
+
+_emit, _end_marker = _writers("@@RLVR_NONCE@@")
 
 
 def _origin(obj):
@@ -194,4 +205,4 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
     except Exception:
         pass
-    os.write(_stdout, ("\n" + NONCE + " end of pytest\n").encode())
+    _end_marker()
