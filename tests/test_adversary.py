@@ -198,8 +198,14 @@ def test_adversarial_smoke_run_through_the_flow(backend, request, smoke_prepared
     t0 = time.monotonic()
     log = tmp_path / "run.log"
     with open(log, "w") as f:
-        proc = subprocess.run(main_command(run_id, overrides), cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                              env=flow_env(tmp_path / "prefect"), timeout=1800)
+        proc = subprocess.Popen(main_command(run_id, overrides), cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                env=flow_env(tmp_path / "prefect"))
+        try:
+            proc.wait(timeout=1800)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
     text = log.read_text()
     assert proc.returncode in (0, 1), f"the run failed (exit {proc.returncode}):\n{text[-6000:]}"
     store = Store.from_config(cfg.storage)

@@ -135,7 +135,8 @@ def main() -> int:
     ap.add_argument("--backends", default="bwrap,docker")
     ap.add_argument("--rate", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--store", default=f"file://{REPO / '.rlvr' / 'chaos-store'}")
+    # The tests' store by default: the smoke preset's dataset and base are prepared there already.
+    ap.add_argument("--store", default=f"file://{REPO / '.rlvr' / 'test-store'}")
     ap.add_argument("overrides", nargs="*", help="more key=value overrides of the smoke preset")
     args = ap.parse_args()
     from schemas.presets import load_config
