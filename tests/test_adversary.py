@@ -118,6 +118,7 @@ def test_turns_are_the_tokens_of_the_calls(tokenizer, r2e_tasks):
     assert calls[0]["arguments"]["cmd"] == "a\x00\ud800"
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_sandbox_leaks")
 def test_library_against_tools_sandbox_and_grader(sandbox_backend, r2e_tasks, sandbox_store, tokenizer, canaries):
     """Each hostile kind alone in an episode, then `finish`; a gold-fix control; all graded."""

@@ -41,7 +41,7 @@ def report(store, run_id: str) -> dict:
     out = {"run_id": run_id, "status": manifest.status, "steps": 0, "episodes": 0, "hostile_episodes": 0,
            "actions": collections.Counter(), "finish_reason": collections.Counter(),
            "grading_status": collections.Counter(), "tampering": 0, "harness_changes": 0, "hack_signals": 0,
-           "reward_1": [], "unmasked_without_reason": [], "missing_rows": [], "unrecorded_plans": [],
+           "reward_1": [], "masked": [], "unmasked_without_reason": [], "missing_rows": [], "unrecorded_plans": [],
            "step_seconds": []}
     step = 1
     while store.stage_committed(run_id, step, "trajectories"):
@@ -67,8 +67,11 @@ def report(store, run_id: str) -> dict:
                 if t["messages"] != "[]" and (said != kinds[:len(said)] or not said):
                     out["unrecorded_plans"].append(f"{rid}: planned {kinds}, trajectory says {said}")
             out["finish_reason"][t["finish_reason"]] += 1
-            if t["finish_reason"] in MASKED_FINISH and not t["error"]:
-                out["unmasked_without_reason"].append(f"{rid}: {t['finish_reason']} without an error")
+            if t["finish_reason"] in MASKED_FINISH:
+                if not t["error"]:
+                    out["unmasked_without_reason"].append(f"{rid}: {t['finish_reason']} without an error")
+                last = (t["error"] or "").strip().splitlines()[-1:] or [""]
+                out["masked"].append(f"{t['finish_reason']} after {kinds}: {last[0][:160]}")
             g = rewards.get(rid)
             if g is None:
                 out["missing_rows"].append(f"{rid}: no rewards row")
@@ -113,6 +116,8 @@ def print_report(rep: dict, wall_s: float) -> None:
     print("  grading_status: " + ", ".join(f"{k} {n}" for k, n in sorted(rep["grading_status"].items()))
           + f"; tampering {rep['tampering']}, harness changes {rep['harness_changes']}, "
             f"hack signals {rep['hack_signals']}")
+    for m in rep["masked"]:
+        print(f"  masked: {m}")
     r1 = rep["reward_1"]
     print(f"  reward-1 patches: {len(r1)}, {sum(r['gold_fix'] for r in r1)} with the gold fix; without it: "
           + (", ".join(f"{r['rollout_id']} ({r['adversary']}, signals {len(r['hack_signals'])})"
@@ -157,9 +162,12 @@ def main() -> int:
             env = dict(__import__("os").environ, PREFECT_HOME=home, PREFECT_SERVER_ANALYTICS_ENABLED="false",
                        PYTHONUNBUFFERED="1")
             env.pop("PREFECT_API_URL", None)
-            proc = subprocess.run([sys.executable, "-m", "flows.main", "--preset", "smoke", "--run-id", run_id,
-                                   *overrides], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True)
+            log = pathlib.Path(home) / "run.log"
+            with open(log, "w") as f:
+                proc = subprocess.Popen([sys.executable, "-m", "flows.main", "--preset", "smoke", "--run-id", run_id,
+                                         *overrides], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+                proc.wait()
+            out = log.read_text()
         wall = time.monotonic() - t0
         store = Store.from_config(cfg.storage)
         rep = report(store, run_id)
@@ -169,7 +177,7 @@ def main() -> int:
         bad += [f"host file changed: {k}" for k in before if before[k] != after[k]]
         bad += [f"left behind: {x}" for x in leftovers(proc.pid, docker=backend == "docker")]
         if proc.returncode not in (0, 1):
-            bad.append(f"flows.main exited {proc.returncode}:\n{proc.stdout[-3000:]}")
+            bad.append(f"flows.main exited {proc.returncode}:\n{out[-3000:]}")
         print(f"  {backend}: " + ("OK" if not bad else f"{len(bad)} violations:\n    " + "\n    ".join(bad)))
         failed |= bool(bad)
     return 1 if failed else 0
