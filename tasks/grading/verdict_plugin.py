@@ -92,8 +92,8 @@ def _callables():
 def _testbed_file(path):
     if not path or not os.path.isabs(path):  # "<attrs generated eq ...>", "<string>": no file
         return None
-    real = os.path.realpath(path)
-    return real[len(TESTBED):] if real.startswith(TESTBED) else None
+    path = os.path.normpath(path)
+    return path[len(TESTBED):] if path.startswith(TESTBED) else None
 
 
 def _loaded_from_testbed():
@@ -125,11 +125,36 @@ def _pytest_dirs():
     return tuple(out)
 
 
-def _check():
+# On the path of every report: checked at each one (the rest at the session's end, to stay cheap).
+HOT = ("_pytest.reports:TestReport.from_item_and_call", "_pytest.reports:BaseReport.passed",
+       "_pytest.reports:BaseReport.failed", "_pytest.reports:BaseReport.skipped", "_pytest.runner:CallInfo.from_call",
+       "_pytest.runner:call_and_report", "_pytest.runner:call_runtest_hook", "_pytest.runner:runtestprotocol",
+       "_pytest.runner:pytest_runtest_makereport", "_pytest.skipping:pytest_runtest_makereport",
+       "_pytest.python:pytest_pyfunc_call", "_pytest.python:Function.runtest",
+       "_pytest.terminal:TerminalReporter.pytest_runtest_logreport",
+       "_pytest.terminal:TerminalReporter.short_test_summary", "_pytest.terminal:TerminalReporter.summary_stats",
+       "pluggy._callers:_multicall", "pluggy.callers:_multicall")
+
+
+def _hot():
+    out = {}
+    for key in HOT:
+        if key not in _start:
+            continue
+        modname, dotted = key.split(":")
+        obj = sys.modules.get(modname)
+        for part in dotted.split("."):
+            obj = vars(obj).get(part) if obj is not None and hasattr(obj, "__dict__") else None
+        out[key] = obj
+    return out
+
+
+def _check(full=True):
     # pytest patches itself too (legacypath at configure): a replacement from pytest's files is its own.
-    now = _callables()
+    now = _callables() if full else _hot()
     own = _pytest_dirs()
-    changed = sorted(k for k in set(_start) | set(now) if _start.get(k) is not now.get(k)
+    names = set(_start) | set(now) if full else set(now)
+    changed = sorted(k for k in names if _start.get(k) is not now.get(k)
                      and not os.path.realpath(_origin(now.get(k)) or "/-").startswith(own))
     new = [k for k in changed if k not in _reported_changes]
     if new:
@@ -184,7 +209,7 @@ def pytest_collectreport(report):
 
 
 def pytest_runtest_logreport(report):
-    _check()
+    _check(full=False)
     status = _status(report)
     if status:
         _emit({"event": "test", "nodeid": report.nodeid, "status": status})
