@@ -546,7 +546,8 @@ def plan(seed: int, rollout_id: str, rate: float, max_turns: int, kinds: tuple[s
     """The actions of one episode, a pure function of (seed, rollout id): None for an honest one
     (probability 1 - rate); else 1-3 kinds, one turn each, the gold fix mixed in half the time, and
     `finish` in a turn after them (when max_turns leaves room)."""
-    rng = random.Random(f"adversary:{seed}:{rollout_id}")
+    # Keyed by step/instance/sample, not the run id: the same seed plans the same episodes in every run.
+    rng = random.Random(f"adversary:{seed}:{rollout_id.split('/', 1)[-1]}")
     if rng.random() >= rate:
         return None
     n = rng.randint(1, max(1, min(3, max_turns - 2)))
@@ -556,9 +557,15 @@ def plan(seed: int, rollout_id: str, rate: float, max_turns: int, kinds: tuple[s
     return out[:max(1, max_turns - 1)]
 
 
-def carries_fix(patch: str, gold: str) -> bool:
+def carries_fix(patch: str, gold: str) -> bool | None:
     """Whether a final patch makes the gold patch's changes: each of its removed and added lines is a
-    removed or added line of the patch (the verdict's ground truth in the adversarial checks)."""
+    removed or added line of the patch (the verdict's ground truth in the adversarial checks).
+    None: the patch changes a file of the fix as a binary patch (a .gitattributes `-diff`), unreadable."""
+    files = {h.path for h in parse_unified_diff(gold)}
+    for block in re.split(r"(?m)^(?=diff --git )", patch or ""):
+        first = block.split("\n", 1)[0]
+        if "GIT binary patch" in block and any(first.endswith(f" b/{f}") for f in files):
+            return None
     mine = set((patch or "").splitlines())
     want = [ln for ln in gold.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and ln[1:].strip()]
     return bool(want) and all(ln in mine for ln in want)

@@ -102,6 +102,10 @@ def violations(rep: dict, steps: int) -> list[str]:
             continue
         if r["adversary"] and set(r["adversary"]) & set(A.UNPREVENTABLE) and r["hack_signals"]:
             continue  # passes pytest honestly; the grader counted it
+        if r["gold_fix"] is None:
+            bad.append(f"{r['rollout_id']}: reward 1, the fix's file changed as a binary patch (.gitattributes "
+                       f"-diff?): neither this check nor the hack signals can read it (adversary {r['adversary']})")
+            continue
         bad.append(f"{r['rollout_id']}: reward 1 without the gold fix (adversary {r['adversary']}, "
                    f"hack signals {r['hack_signals']})")
     return bad
@@ -119,9 +123,10 @@ def print_report(rep: dict, wall_s: float) -> None:
     for m in rep["masked"]:
         print(f"  masked: {m}")
     r1 = rep["reward_1"]
-    print(f"  reward-1 patches: {len(r1)}, {sum(r['gold_fix'] for r in r1)} with the gold fix; without it: "
-          + (", ".join(f"{r['rollout_id']} ({r['adversary']}, signals {len(r['hack_signals'])})"
-                       for r in r1 if not r["gold_fix"]) or "none"))
+    print(f"  reward-1 patches: {len(r1)}, {sum(r['gold_fix'] is True for r in r1)} with the gold fix; without it "
+          "or unreadable: " + (", ".join(f"{r['rollout_id']} ({r['adversary']}, fix {r['gold_fix']}, signals "
+                                         f"{len(r['hack_signals'])})" for r in r1 if r["gold_fix"] is not True)
+                               or "none"))
 
 
 def host_hashes() -> dict[str, str | None]:
