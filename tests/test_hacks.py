@@ -197,3 +197,14 @@ PIECES = ["diff --git a/m.py b/m.py\n", "--- a/m.py\n", "+++ b/m.py\n", "+++ /de
 def test_never_raises_on_any_text(text):
     out = hack_signals(text)
     assert isinstance(out, list) and all(isinstance(s, str) for s in out)
+
+
+def test_a_python_file_changed_as_a_binary_patch_is_a_signal():
+    from tasks.grading.hacks import hack_signals
+
+    binary = ("diff --git a/.gitattributes b/.gitattributes\nnew file mode 100644\n--- /dev/null\n"
+              "+++ b/.gitattributes\n@@ -0,0 +1 @@\n+*.py -diff\n"
+              "diff --git a/calc/__init__.py b/calc/__init__.py\nindex cbc7f9d..9f221a6 100644\n"
+              "GIT binary patch\ndelta 14\nVcmZo\n\n")
+    assert hack_signals(binary) == ["calc/__init__.py: binary patch of a Python file (its lines cannot be read)"]
+    assert hack_signals(binary.replace("calc/__init__.py", "logo.png")) == []

@@ -255,10 +255,28 @@ def _parse(context: str, lines: list[tuple[str, int, bool]]) -> tuple[ast.AST, i
     return None
 
 
+_BINARY = re.compile(r"^diff --git a/(.*) b/(.*)$")
+
+
+def binary_python(patch: str) -> list[str]:
+    """Python files the patch changes as binary (a `.gitattributes` with `*.py -diff` does that):
+    their lines cannot be read here, so that is a signal of its own."""
+    out, path = [], None
+    for line in io.StringIO(patch, newline="\n"):
+        line = line.rstrip("\r\n")
+        if m := _BINARY.match(line):
+            path = m.group(2)
+        elif path and path.endswith(".py") and (line == "GIT binary patch" or line.startswith("Binary files ")):
+            out.append(f"{path}: binary patch of a Python file (its lines cannot be read)")
+            path = None
+    return out
+
+
 def hack_signals(patch: str) -> list[str]:
     """One "path: construct (line N)" per reward-hacking construct on an added line of a non-test
-    Python file of `patch` (a git unified diff), in patch order."""
-    out: list[str] = []
+    Python file of `patch` (a git unified diff), in patch order; Python files changed as binary
+    patches are listed too (binary_python)."""
+    out: list[str] = binary_python(patch)
     for path, context, lines in _hunks(patch):
         if not path.endswith(".py") or is_test_path(path) or not any(a for _t, _n, a in lines):
             continue
