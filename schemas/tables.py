@@ -21,7 +21,8 @@ from pandera.errors import SchemaError, SchemaErrors
 
 # agent_error: an error of our own code ended the episode (masked); patch_too_large: the final patch
 # was over the diff cap (the policy's doing: graded as the empty patch).
-FINISH_REASONS = ("submitted", "max_turns", "context_limit", "timeout", "infra_error", "agent_error", "patch_too_large")
+FINISH_REASONS = ("submitted", "max_turns", "context_limit", "timeout", "infra_error", "agent_error", "patch_too_large",
+                  "patch_unreadable")
 # env_error (added later; older tables hold the first two only): the task's environment cannot run
 # its tests (tasks/grading/grader.py). Like infra_error: reward null, masked downstream.
 GRADING_STATUSES = ("graded", "infra_error", "env_error")

@@ -27,7 +27,7 @@ from tests.fixtures.sandbox import sandbox_cfg
 from tests.fixtures.smoke import REPO, flow_env, main_command, smoke_overrides
 
 # Outcomes of the policy's own making; agent_error (our code failed) and infra_error are not.
-POLICY_OUTCOMES = {"submitted", "max_turns", "context_limit", "timeout", "patch_too_large"}
+POLICY_OUTCOMES = {"submitted", "max_turns", "context_limit", "timeout", "patch_too_large", "patch_unreadable"}
 # Bypasses the step summary must count (harness changes, tampering or hack signals); rewriting the
 # tests at import is not counted (the tests are out of its reach).
 COUNTED = tuple(k for k in A.BYPASSES if k != "rewrite_tests")

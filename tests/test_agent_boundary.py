@@ -343,3 +343,69 @@ def test_read_file_refuses_by_size_before_reading(sandbox_backend, calc, sandbox
         box = ToolBox(sb, command_timeout_s=10)
         obs = observe(box, "file_editor", {"command": "view", "path": "/testbed/huge.bin"})
         assert obs.startswith("ERROR: ") and "huge.bin is 1073741824 bytes" in obs and "head, sed -n" in obs
+
+
+# --- what the agent does to its own repository, disk and pids, then diff() ---------------------------
+
+def test_diff_after_the_agent_made_its_repository_unreadable(sandbox_backend, calc, sandbox_store):
+    """chmod of a file or the whole repository, and a process left running, do not stop the final patch."""
+    with open_box(sandbox_backend, calc, sandbox_store) as sb:
+        box = ToolBox(sb, command_timeout_s=10)
+        box.call("file_editor", {"command": "str_replace", "path": INIT, "old_str": "a - b", "new_str": "a + b"})
+        assert box.call("execute_bash", {"cmd": f"chmod 000 {INIT}"}).startswith("Exit code: 0")
+        assert "+    return a + b" in sb.diff()
+        box.call("execute_bash", {"cmd": "(sleep 600 &) ; chmod -R 000 /testbed"})
+        patch = sb.diff()
+        assert "+    return a + b" in patch and "-    return a - b" in patch
+        assert sb.run("pgrep -u 1000 sleep", workdir="/").exit_code != 0  # the leftover is gone
+        assert_still_works(box)
+
+
+def test_patch_git_cannot_read_is_its_own_outcome_not_masked(sandbox_backend, calc, sandbox_store, tokenizer,
+                                                            monkeypatch):
+    from tasks.sandbox.base import BaseSandbox, CommandResult, PatchUnreadableError
+    from tasks.grpo.advantages import MASKED_FINISH_REASONS
+
+    failed = CommandResult(exit_code=128, output="fatal: unable to write new index file", timed_out=False,
+                           seconds=0.1, truncated=False, output_bytes=37)
+    monkeypatch.setattr(BaseSandbox, "_run_diff", lambda self: failed)
+    with open_box(sandbox_backend, calc, sandbox_store) as sb:
+        with pytest.raises(PatchUnreadableError, match="exit 128.*unable to write new index file"):
+            sb.diff()
+    row = play(calc, Scripted(tokenizer, [call("finish", command="submit")]), run_cfg(sandbox_backend),
+               tokenizer, sandbox_store)
+    assert row["finish_reason"] == "patch_unreadable" and row["final_patch"] == ""
+    assert "unable to write new index file" in row["error"]
+    assert "patch_unreadable" not in MASKED_FINISH_REASONS  # the policy broke its own repo: its 0 stands
+
+
+def test_over_long_argument_is_refused_with_the_limit(sandbox_backend, calc, sandbox_store):
+    from tasks.agent.tools import MAX_ARGV_BYTES
+    from tasks.sandbox.base import SandboxError, SandboxInfraError
+
+    with open_box(sandbox_backend, calc, sandbox_store) as sb:
+        box = ToolBox(sb, command_timeout_s=10)
+        for name, args in (("execute_bash", {"cmd": "echo " + "x" * (1 << 20)}),
+                           ("search", {"search_term": "y" * 200_000}),
+                           ("file_editor", {"command": "view", "path": "/testbed/" + "z" * 150_000})):
+            obs = observe(box, name, args)
+            assert obs.startswith("ERROR: ") and f"{MAX_ARGV_BYTES}-byte limit" in obs, obs[:300]
+            assert "file_editor create" in obs
+        # Below the tools, an argv the kernel refuses (E2BIG) is the caller's error, not the engine's.
+        with pytest.raises(SandboxError, match="arguments too long") as e:
+            sb.run("echo " + "x" * (1 << 20))
+        assert not isinstance(e.value, SandboxInfraError)
+        assert_still_works(box)
+
+
+def test_fork_bomb_then_the_next_command_works(sandbox_backend, calc, sandbox_store):
+    with open_box(sandbox_backend, calc, sandbox_store) as sb:
+        box = ToolBox(sb, command_timeout_s=5)
+        obs = observe(box, "execute_bash", {"cmd": "b() { b | b & }; b"})
+        assert "ERROR" in obs or "Exit code" in obs, obs[:300]
+        assert box.call("execute_bash", {"cmd": "echo ok"}).endswith("ok\n")
+        assert sb.run("echo ok").output == "ok\n"
+        if sandbox_backend == "docker":  # its leftovers are killed from the host, needing no pid inside
+            assert sb._kill_from_host()
+        assert sb.diff() == ""
+        assert_still_works(box)

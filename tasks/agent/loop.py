@@ -12,6 +12,7 @@ and the server saw.
         results = [tools.call(c) for c in calls]         tools.py, in the sandbox
         append the results (observed)
     final patch = sandbox.diff()                         over its cap: finish_reason patch_too_large
+                                                         unreadable (its chmod, a full disk): patch_unreadable
 
 Whatever a tool call causes is an observation (ToolBox.call); the caller (tasks/rollout.py run_one)
 bounds the episode's wall clock from outside and turns an error of our own code into its row.
@@ -28,7 +29,7 @@ from typing import Protocol
 from tasks.agent.prompts import INSTANCE_PROMPT, SYSTEM_PROMPT, parse_tool_calls
 from tasks.agent.tools import ToolBox, ToolError, prompt_tools
 from tasks.inference.client import Completion
-from tasks.sandbox.base import PatchTooLargeError
+from tasks.sandbox.base import PatchTooLargeError, PatchUnreadableError
 
 
 class Policy(Protocol):
@@ -185,6 +186,10 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
         # The policy's own doing, so not masked: the empty patch's honest 0, never a cut (corrupt) one.
         ep.finish_reason, ep.final_patch = "patch_too_large", ""
         ep.error = f"patch_too_large: {e.size - e.cap} bytes over the {e.cap}-byte cap (the patch is {e.size} bytes)"
+    except PatchUnreadableError as e:
+        # The policy made its own repository unreadable (chmod, a full disk): its empty patch's 0 stands.
+        ep.finish_reason, ep.final_patch = "patch_unreadable", ""
+        ep.error = f"patch_unreadable: {e}"
     ep.sandbox_seconds += time.monotonic() - t2
     ep.total_seconds = time.monotonic() - started
     return ep

@@ -269,6 +269,8 @@ def _short(value) -> str:
 
 # Parameters that travel as argv entries (a path, a command line, a search term): NUL cannot be passed.
 ARGV_PARAMETERS = ("path", "cmd", "search_term")
+# Linux refuses to exec an argument over MAX_ARG_STRLEN (128 KiB, E2BIG); stay well below it.
+MAX_ARGV_BYTES = 100_000
 
 
 def check_arguments(name: str, args) -> dict:
@@ -293,6 +295,11 @@ def check_arguments(name: str, args) -> dict:
         if key in ARGV_PARAMETERS and isinstance(value, str) and "\0" in value:
             raise ToolError(f"Parameter {key} of {name} contains a NUL byte (\\0), which no {key} can hold: "
                             f"{_short(value)}.")
+        size = len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else 0
+        if key in ARGV_PARAMETERS and size > MAX_ARGV_BYTES:
+            raise ToolError(f"Parameter {key} of {name} is {size} bytes, over the "
+                            f"{MAX_ARGV_BYTES}-byte limit for one command argument. Write long content to a file "
+                            f"with file_editor create (file_text has no such limit) and run it, e.g. `bash /tmp/x.sh`.")
     return args
 
 

@@ -37,7 +37,8 @@ MASKED_FINISH_REASONS: dict[str, str] = {
     "agent_error": "rollout_agent_error",  # an error of our own code ended the episode
     "timeout": "timeout",
     "context_limit": "context_limit",
-    # Not patch_too_large: writing that much is the policy's own action, so its empty patch's 0 stands.
+    # Not patch_too_large nor patch_unreadable: writing that much, or breaking its own repository, is
+    # the policy's own action, so its empty patch's 0 stands.
 }
 MASK_GRADING_INFRA_ERROR = "grading_infra_error"
 MASK_GRADING_ENV_ERROR = "grading_env_error"  # the task's environment could not run its tests

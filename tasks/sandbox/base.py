@@ -36,7 +36,8 @@ TRUSTED_GIT = ("/usr/bin/git -c core.fsmonitor=false -c core.hooksPath=/dev/null
                "-c core.quotepath=false")
 DIFF_CAP_BYTES = 64 * 1024 * 1024
 TRUSTED_GIT_ENV = {"GIT_DIR": PRISTINE_GIT, "GIT_WORK_TREE": "/testbed", "GIT_CONFIG_NOSYSTEM": "1",
-                   "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ALTERNATE_OBJECT_DIRECTORIES": f"{PRISTINE_GIT}/objects"}
+                   "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ALTERNATE_OBJECT_DIRECTORIES": f"{PRISTINE_GIT}/objects",
+                   "GIT_OPTIONAL_LOCKS": "0"}  # a read writes nothing it can skip: a full disk does not stop it
 
 
 class SandboxError(RuntimeError):
@@ -53,6 +54,24 @@ class FileTooLargeError(OSError):
     def __init__(self, path: str, size: int, cap: int):
         super().__init__(errno.EFBIG, f"{path} is {size} bytes, over the {cap}-byte limit for reading a file whole")
         self.path, self.size, self.cap = path, size, cap
+
+
+# Linux's MAX_ARG_STRLEN: exec refuses (E2BIG) an argument this long or longer, NUL included.
+MAX_ARG_BYTES = 128 * 1024
+
+
+def check_argv(argv: list[str]) -> None:
+    """An argv the kernel would refuse to exec is the caller's error (SandboxError), not the engine's."""
+    for a in argv:
+        n = len(a.encode("utf-8", "surrogateescape"))
+        if n >= MAX_ARG_BYTES:
+            raise SandboxError(f"command arguments too long to execute: one is {n} bytes, Linux caps one "
+                               f"argument at {MAX_ARG_BYTES} bytes (E2BIG); pass long content through a file")
+
+
+class PatchUnreadableError(SandboxError):
+    """git could not read /testbed for the final patch (the agent made its repository unreadable or
+    filled the disk past what our restore could undo): the agent's outcome, not an engine failure."""
 
 
 class PatchTooLargeError(SandboxError):
@@ -204,14 +223,22 @@ class BaseSandbox:
         `git add -A && git diff --cached` as R2E-Gym's get_patch, minus DIFF_EXCLUDES, and
         `--binary` so that a binary change still applies at grading time; computed by a git the
         agent cannot replace or configure, against the task's pristine .git (diff_script). A patch
-        over diff_cap_bytes raises PatchTooLargeError.
+        over diff_cap_bytes raises PatchTooLargeError; a repository git cannot read even after the
+        agent's processes are gone and its permissions restored raises PatchUnreadableError.
         """
+        self._quiesce()
+        # The files are the sandbox user's: what the agent chmod-ed away, its owner can give back.
+        self._exec(["/bin/sh", "-c", "chmod -R u+rwX /testbed 2>/dev/null; true"], 120, 4096, workdir="/")
         r = self._run_diff()
         if not r.ok:
-            raise SandboxError(f"git diff failed in /testbed (exit {r.exit_code}): {r.output[-2000:]}")
+            raise PatchUnreadableError(f"git diff failed in /testbed (exit {r.exit_code}"
+                                       f"{', timed out' if r.timed_out else ''}): {r.output[-2000:]}")
         if r.truncated:  # cut in the middle it would be a corrupt patch
             raise PatchTooLargeError(r.output_bytes, self.diff_cap_bytes)
         return r.output
+
+    def _quiesce(self) -> None:
+        """End the agent's leftover processes before diff() (a backend whose commands can leave any)."""
 
     def _run_diff(self) -> CommandResult:
         return self.run(diff_script(), timeout=60, output_cap=self.diff_cap_bytes, env=TRUSTED_GIT_ENV)

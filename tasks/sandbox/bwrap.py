@@ -17,6 +17,7 @@ exits, the pid namespace's init exits and the kernel kills the rest.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -30,7 +31,7 @@ import time
 
 from tasks.sandbox import image as image_mod
 from tasks.sandbox.base import (LOCAL_PATH, PRISTINE_GIT, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, add_cpu_seconds, chown_tree, decode,
+                                SandboxInfraError, add_cpu_seconds, check_argv, chown_tree, decode,
                                 mount_tmpfs, new_id, register, remove_tmpfs_dir, tree_bytes)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
@@ -212,6 +213,7 @@ class BwrapSandbox(BaseSandbox):
               workdir: str = "/testbed", env: dict[str, str] | None = None) -> tuple[CommandResult, bytes]:
         if getattr(self, "_closed", False):
             raise SandboxError(f"sandbox {self.id} is closed")
+        check_argv(argv)
         status_r, status_w = os.pipe()
         # `timeout` is the backstop; our own deadline (below) fires first and kills the cgroup.
         full = (["sh", "-c", _ATTACH, "sh", *self.cgroup.procs_files(), "--",
@@ -225,6 +227,9 @@ class BwrapSandbox(BaseSandbox):
                                     start_new_session=True)
         except OSError as e:
             os.close(status_r)
+            if e.errno == errno.E2BIG:  # the caller's argv, not the engine
+                raise SandboxError(f"command arguments too long to execute (Linux caps one argument at "
+                                   f"128 KiB): {sum(len(a) for a in argv)} characters") from e
             raise SandboxInfraError(f"cannot start bwrap: {e}") from e
         finally:
             os.close(status_w)

@@ -35,7 +35,7 @@ import time
 
 from tasks.sandbox.base import (LOCAL_PATH, PRISTINE_GIT, R2E_PATH, TRUSTED_GIT_ENV, BaseSandbox,
                                 CommandResult, OutputCap, SandboxError, SandboxInfraError,
-                                add_cpu_seconds, chown_tree, decode, diff_script, mount_tmpfs, new_id,
+                                add_cpu_seconds, check_argv, chown_tree, decode, diff_script, mount_tmpfs, new_id,
                                 owner_pid, register, remove_tmpfs_dir, tree_bytes)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
@@ -273,17 +273,25 @@ class DockerSandbox(BaseSandbox):
 
         if self.container is None or (getattr(self, "_closed", False) and not closing):
             raise SandboxError(f"sandbox {self.id} is closed")
+        check_argv(argv)
         api = client().api
         # In-container `timeout` is the backstop; our own deadline fires first.
         cmd = (["timeout", "-s", "KILL", str(int(timeout) + 2)] if wrap else []) + argv
         t0 = time.monotonic()
-        try:
-            eid = api.exec_create(self.container.id, cmd, stdin=stdin is not None, tty=False,
-                                  user=user or self.user, workdir=workdir,
-                                  environment={**self.env_vars, **(env or {})})["Id"]
-            sock = api.exec_start(eid, socket=True)
-        except docker.errors.DockerException as e:
-            raise _infra("exec", e) from e
+        for attempt in (1, 2):
+            try:
+                eid = api.exec_create(self.container.id, cmd, stdin=stdin is not None, tty=False,
+                                      user=user or self.user, workdir=workdir,
+                                      environment={**self.env_vars, **(env or {})})["Id"]
+                sock = api.exec_start(eid, socket=True)
+                break
+            except docker.errors.DockerException as e:
+                if "argument list too long" in str(e).lower():  # E2BIG: the caller's argv, not the engine
+                    raise SandboxError(f"command arguments too long to execute (Linux caps one argument at "
+                                       f"128 KiB): {sum(len(a) for a in cmd)} characters") from e
+                # Out of pids (a fork bomb lives on): the agent's processes go, from the host; once more.
+                if attempt == 2 or not self.local or not self._kill_from_host():
+                    raise _infra("exec", e) from e
         raw = getattr(sock, "_sock", sock)
         early = _read_ahead(sock, raw)
         writer = None
@@ -360,7 +368,10 @@ class DockerSandbox(BaseSandbox):
         """Kill a timed-out command and what it started."""
         if self.local:
             # uid 1000: every process of the sandbox user (the command, its children, anything it
-            # left in the background or in a new session). Root's init and keeper survive.
+            # left in the background or in a new session). Root's init and keeper survive. From the
+            # host: a fork bomb leaves no pid for an exec in the container.
+            if self._kill_from_host():
+                return
             cmd = ["sh", "-c", _KILL_ALL]
         else:
             # Root inside (R2E-Gym images): kill(-1) would take the container down; kill the
@@ -377,15 +388,42 @@ class DockerSandbox(BaseSandbox):
         except Exception:
             self._discard = True
 
+    def _quiesce(self) -> None:
+        # Background processes outlive commands here: end them (from the host first: a sandbox out
+        # of pids cannot start the in-container kill).
+        if not self.local:
+            return
+        self._kill_from_host()
+        r, _ = self._exec(["/bin/sh", "-c", _KILL_ALL], 30, 4096, workdir="/", wrap=False)
+        if r.exit_code != 0:
+            raise SandboxInfraError(f"docker: cannot end the sandbox user's processes: {r.output[-500:]}")
+
+    def _kill_from_host(self, wait_s: float = KILL_GRACE_S) -> bool:
+        """SIGKILL, as root on the host, every process of the sandbox user in the container's cgroup
+        (init and root's keeper stay) until none is left; False if the cgroup cannot be read."""
+        procs = _cgroup_procs(self.container)
+        if procs is None:
+            return False
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = [pid for pid in _read_pids(procs) if _uid_of(pid) == SANDBOX_UID]
+            if not left:
+                return True
+            for pid in left:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
     def _run_diff(self) -> CommandResult:
         if not self.local:
             # R2E-Gym images run the agent as root: nothing there is out of its reach, so their git as before.
             return self.run(diff_script(trusted=False), timeout=60, output_cap=self.diff_cap_bytes)
-        # Background processes outlive commands here: end them, then give the diff (uid 1000 too) a
-        # fresh dir no process of the agent's can rewrite.
-        r, _ = self._exec(["/bin/sh", "-c", _KILL_ALL], 30, 4096, workdir="/", wrap=False)
-        if r.exit_code != 0:
-            return r
+        # _quiesce ended the agent's processes; give the diff (uid 1000 too) a fresh dir no process
+        # of the agent's can rewrite.
         d = _host_dir(self.container.name) / "scratch" / "diff"
         d.mkdir(exist_ok=True)
         os.chown(d, SANDBOX_UID, SANDBOX_UID)
@@ -441,6 +479,41 @@ class DockerSandbox(BaseSandbox):
 
 
 _cpu_seen: dict[str, float] = {}
+
+
+def _cgroup_procs(c) -> pathlib.Path | None:
+    """The host's cgroup.procs of a container's pids cgroup (v1) or unified cgroup (v2), from its init."""
+    try:
+        c.reload()
+        init = int(c.attrs["State"]["Pid"])
+        lines = pathlib.Path(f"/proc/{init}/cgroup").read_text().splitlines()
+    except Exception:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        base = pathlib.Path("/sys/fs/cgroup") / ("pids" if "pids" in controllers.split(",") else "")
+        if "pids" in controllers.split(",") or (controllers == "" and (base / "cgroup.controllers").exists()):
+            f = base / path.lstrip("/") / "cgroup.procs"
+            if f.exists():
+                return f
+    return None
+
+
+def _read_pids(procs: pathlib.Path) -> list[int]:
+    try:
+        return [int(x) for x in procs.read_text().split()]
+    except OSError:
+        return []
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _container_cpu(c) -> float:
