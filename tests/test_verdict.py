@@ -113,3 +113,21 @@ def test_disagreements_name_what_disagreed():
     assert disagreements({"y": "PASSED", "x": "FAILED"}, ev, "", set()) == []
     assert disagreements({}, ev, "short test summary info\nPASSED a.py::y\n", set()) == [
         "output after pytest's session ended claims 1 passed tests"]
+
+
+def test_a_test_that_runs_pytest_itself_keeps_its_verdict(sandbox_backend, r2e_tasks, sandbox_store):
+    """The recorder is for the grading's session only: a hidden test that runs pytest in a subprocess
+    (as plugin and CLI repositories' tests do) sees neither its -p option nor its path."""
+    task = r2e_tasks["calc"]
+    body = textwrap.dedent("""\
+        def _pytest_in_a_subprocess():
+            import os, subprocess, sys
+            assert "rlvr_verdict" not in os.environ.get("PYTEST_ADDOPTS", "") + os.environ.get("PYTHONPATH", "")
+            return subprocess.run([sys.executable, "-m", "pytest", "--version"], capture_output=True).returncode
+        _add = add
+        def add(a, b):
+            assert _pytest_in_a_subprocess() == 0
+            return _add(a, b)
+        """)
+    res = grade(sandbox_backend, task, calc_patch(body, fix=True), sandbox_store)
+    assert (res.reward, res.tampering) == (1.0, []), (res.error, res.test_output[-1500:])

@@ -36,6 +36,17 @@ _record = os.open(os.path.join(_here, "record"), os.O_WRONLY | os.O_CREAT | os.O
 _stdout = os.dup(1)  # pytest's stdout before any capture: the end marker goes here
 
 
+def _forget_environment():
+    # For this session only: pytest run by a test (in a subprocess or in-process) goes without it.
+    opts = os.environ.get("PYTEST_ADDOPTS", "").replace("-p " + __name__, "").strip()
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _here]
+    for name, value in (("PYTEST_ADDOPTS", opts), ("PYTHONPATH", os.pathsep.join(paths))):
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+
+
 def _forget_source():
     try:
         import importlib.util
@@ -112,6 +123,7 @@ _foreign = sorted(name for name, obj in _start.items()
 _emit({"event": "start", "pid": os.getpid(), "testbed_modules": _loaded_from_testbed(), "foreign": _foreign,
        "modules": sorted({name.split(".")[0] for name in list(sys.modules)})})
 _forget_source()
+_forget_environment()
 _reported_changes = set()
 _known_plugins = None
 
