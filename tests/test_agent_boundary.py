@@ -409,3 +409,13 @@ def test_fork_bomb_then_the_next_command_works(sandbox_backend, calc, sandbox_st
             assert sb._kill_from_host()
         assert sb.diff() == ""
         assert_still_works(box)
+
+
+def test_full_disk_and_memory_end_as_the_policys_outcome(sandbox_backend, calc, sandbox_store, tokenizer):
+    """Filling the quota (a tmpfs: memory too) leaves git maybe no room to read: never agent_error/infra_error."""
+    fill = "dd if=/dev/zero of=/testbed/fill bs=1M count=100000 status=none; dd if=/dev/zero of=/tmp/f bs=1M count=100000"
+    row = play(calc, Scripted(tokenizer, [call("execute_bash", cmd=fill), call("finish", command="submit")]),
+               run_cfg(sandbox_backend), tokenizer, sandbox_store)
+    assert row["finish_reason"] in ("submitted", "patch_unreadable"), row["error"]
+    if row["finish_reason"] == "patch_unreadable":
+        assert row["final_patch"] == "" and row["error"].startswith("patch_unreadable: git diff failed")

@@ -389,11 +389,10 @@ class DockerSandbox(BaseSandbox):
             self._discard = True
 
     def _quiesce(self) -> None:
-        # Background processes outlive commands here: end them (from the host first: a sandbox out
-        # of pids cannot start the in-container kill).
-        if not self.local:
+        # Background processes outlive commands here: end them, from the host where it can (a sandbox
+        # out of pids or memory cannot run the in-container kill).
+        if not self.local or self._kill_from_host():
             return
-        self._kill_from_host()
         r, _ = self._exec(["/bin/sh", "-c", _KILL_ALL], 30, 4096, workdir="/", wrap=False)
         if r.exit_code != 0:
             raise SandboxInfraError(f"docker: cannot end the sandbox user's processes: {r.output[-500:]}")
