@@ -363,12 +363,16 @@ def test_diff_after_the_agent_made_its_repository_unreadable(sandbox_backend, ca
 
 def test_patch_git_cannot_read_is_its_own_outcome_not_masked(sandbox_backend, calc, sandbox_store, tokenizer,
                                                             monkeypatch):
-    from tasks.sandbox.base import BaseSandbox, CommandResult, PatchUnreadableError
+    from tasks.sandbox.base import CommandResult, PatchUnreadableError
     from tasks.grpo.advantages import MASKED_FINISH_REASONS
 
     failed = CommandResult(exit_code=128, output="fatal: unable to write new index file", timed_out=False,
                            seconds=0.1, truncated=False, output_bytes=37)
-    monkeypatch.setattr(BaseSandbox, "_run_diff", lambda self: failed)
+    from tasks.sandbox.bwrap import BwrapSandbox
+    from tasks.sandbox.dockerbox import DockerSandbox
+
+    for cls in (BwrapSandbox, DockerSandbox):  # git failing on what the agent left: the rest of diff() is real
+        monkeypatch.setattr(cls, "_run_diff", lambda self: failed)
     with open_box(sandbox_backend, calc, sandbox_store) as sb:
         with pytest.raises(PatchUnreadableError, match="exit 128.*unable to write new index file"):
             sb.diff()
