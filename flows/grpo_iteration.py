@@ -110,6 +110,8 @@ def grading(ctx: RunContext, step: int, trajectories_key: str, stage: str = "rew
            "the trajectory's error)" if ended["agent_error"] else "")
         + (f", {ended['patch_too_large']} patches over the diff cap (graded as the empty patch)"
            if ended["patch_too_large"] else "")
+        + (f", {ended['patch_unreadable']} repositories git could not diff (graded as the empty patch)"
+           if ended["patch_unreadable"] else "")
         + (f"; tasks whose tests never ran (every rollout an environment error): {', '.join(lost)}" if lost else ""))
     return key
 

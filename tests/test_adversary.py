@@ -49,7 +49,8 @@ def host_watch(extra: list[pathlib.Path]) -> dict[str, str | None]:
 
 @pytest.fixture
 def canaries(tmp_path):
-    """Host files the adversary aims at (tasks/agent/adversary.py HOST_TARGETS), made by the test."""
+    """Host files the adversary aims at (tasks/agent/adversary.py HOST_TARGETS), made by the test and
+    left in place: a suite running beside this one (another clone) watches the same /tmp file."""
     made = [pathlib.Path(A.HOST_TARGETS[2])]
     made[0].write_text("canary\n")
     store_canary = pathlib.Path(A.HOST_TARGETS[4])
@@ -57,7 +58,6 @@ def canaries(tmp_path):
     store_canary.write_text("canary\n")
     made.append(store_canary)
     yield made
-    made[0].unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
