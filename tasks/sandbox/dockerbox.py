@@ -403,19 +403,31 @@ class DockerSandbox(BaseSandbox):
         procs = _cgroup_procs(self.container)
         if procs is None:
             return False
+        freeze = _freezer(procs)  # a frozen fork bomb cannot fork while it is being killed
         deadline = time.monotonic() + wait_s
-        while True:
-            left = [pid for pid in _read_pids(procs) if _uid_of(pid) == SANDBOX_UID]
-            if not left:
-                return True
-            for pid in left:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
+        try:
+            if freeze:
+                freeze(True)
+            while True:
+                left = [pid for pid in _read_pids(procs) if _uid_of(pid) == SANDBOX_UID]
+                if not left:
+                    return True
+                for pid in left:
+                    try:
+                        os.kill(pid, 9)
+                    except ProcessLookupError:
+                        pass
+                if time.monotonic() > deadline:
+                    return False
+                if freeze:  # SIGKILL is delivered once thawed
+                    freeze(False)
+                    time.sleep(0.01)
+                    freeze(True)
+                else:
+                    time.sleep(0.01)
+        finally:
+            if freeze:
+                freeze(False)
 
     def _run_diff(self) -> CommandResult:
         if not self.local:
@@ -490,11 +502,26 @@ def _cgroup_procs(c) -> pathlib.Path | None:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
+        if not path.strip("/"):  # the root cgroup holds the whole host: never ours to kill in
+            continue
         base = pathlib.Path("/sys/fs/cgroup") / ("pids" if "pids" in controllers.split(",") else "")
         if "pids" in controllers.split(",") or (controllers == "" and (base / "cgroup.controllers").exists()):
             f = base / path.lstrip("/") / "cgroup.procs"
             if f.exists():
                 return f
+    return None
+
+
+def _freezer(procs: pathlib.Path):
+    """freeze(True/False) for the cgroup whose cgroup.procs this is: v2's cgroup.freeze beside it, or
+    v1's freezer hierarchy at the same path; None where neither is there."""
+    v2 = procs.with_name("cgroup.freeze")
+    parts = procs.parent.relative_to("/sys/fs/cgroup").parts
+    v1 = pathlib.Path("/sys/fs/cgroup/freezer", *parts[1:], "freezer.state") if parts[:1] == ("pids",) else None
+    if v2.exists():
+        return lambda on: v2.write_text("1" if on else "0")
+    if v1 is not None and v1.exists():
+        return lambda on: v1.write_text("FROZEN" if on else "THAWED")
     return None
 
 
