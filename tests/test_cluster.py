@@ -51,7 +51,7 @@ def test_managed_mode_starts_num_servers_and_the_client_spreads_over_them(monkey
             started.append(self)
             return self
 
-        def stop(self):
+        def stop(self, timeout=30.0):
             stopped.append(self)
 
     class Tok:
