@@ -188,7 +188,8 @@ def test_library_against_tools_sandbox_and_grader(sandbox_backend, r2e_tasks, sa
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["bwrap", "docker"])
 def test_adversarial_smoke_run_through_the_flow(backend, request, smoke_prepared, smoke_server, tmp_path, canaries):
-    """Two GRPO steps of the real flow, three in four training episodes adversarial."""
+    """A GRPO step of the real flow (rollouts, grading, advantages, update, checkpoint, evaluation),
+    three in four training episodes adversarial; make chaos runs many."""
     from schemas.presets import load_config
     from tasks.sandbox import leftovers
     from tasks.storage import Store
@@ -198,7 +199,7 @@ def test_adversarial_smoke_run_through_the_flow(backend, request, smoke_prepared
     run_id = f"test-adversary-{backend}-{int(time.time())}"
     overrides = smoke_overrides(**{
         "inference.mode": "external", "inference.base_urls": [smoke_server.base_url], "sandbox.backend": backend,
-        "agent.adversary_rate": 0.75, "agent.adversary_seed": 0, "agent.max_turns": 5,
+        "max_steps": 1, "agent.adversary_rate": 0.75, "agent.adversary_seed": 0, "agent.max_turns": 5,
         "agent.training.max_tokens_per_turn": 1024, "grpo.async_rollouts": False, "eval.max_tasks": 1})
     cfg = load_config("smoke", overrides)
     before = host_watch(canaries)
