@@ -1,4 +1,5 @@
-"""Our GRPO loss and advantages against NeMo-RL's golden vectors (/work/shared/golden)."""
+"""Our GRPO loss and advantages against NeMo-RL's golden vectors (tests/data/golden: data only, with
+their provenance in its README)."""
 
 import json
 import math
@@ -11,7 +12,7 @@ import torch
 from schemas.config import GRPOConfig
 from tasks.grpo import baseline_and_std, clipped_pg_loss, grpo_advantages
 
-GOLDEN = pathlib.Path(os.environ.get("RLVR_GOLDEN_DIR", "/work/shared/golden"))
+GOLDEN = pathlib.Path(os.environ.get("RLVR_GOLDEN_DIR", pathlib.Path(__file__).parent / "data" / "golden"))
 REL, ABS = 1e-6, 1e-12
 
 if not (GOLDEN / "grpo_loss_cases.json").exists():
