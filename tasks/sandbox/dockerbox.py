@@ -408,9 +408,11 @@ class DockerSandbox(BaseSandbox):
         try:
             if freeze:
                 freeze(True)
+            empty = 0
             while True:
                 left = [pid for pid in _read_pids(procs) if _uid_of(pid) == SANDBOX_UID]
-                if not left:
+                empty = 0 if left else empty + 1
+                if empty >= 3:  # thrice in a row, across thaws: nothing was mid-fork
                     return True
                 for pid in left:
                     try:
@@ -428,6 +430,10 @@ class DockerSandbox(BaseSandbox):
         finally:
             if freeze:
                 freeze(False)
+            # The dead still hold pids until tini reaps them (it was frozen too): let it, briefly.
+            until = time.monotonic() + 1.0
+            while time.monotonic() < until and any(_uid_of(p, zombies=True) == SANDBOX_UID for p in _read_pids(procs)):
+                time.sleep(0.01)
 
     def _run_diff(self) -> CommandResult:
         if not self.local:
@@ -532,9 +538,12 @@ def _read_pids(procs: pathlib.Path) -> list[int]:
         return []
 
 
-def _uid_of(pid: int) -> int | None:
+def _uid_of(pid: int, zombies: bool = False) -> int | None:
+    """The process's real uid; None when gone, or (unless `zombies`) dead and waiting for init to reap it."""
     try:
         for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:") and line.split()[1] == "Z" and not zombies:
+                return None
             if line.startswith("Uid:"):
                 return int(line.split()[1])
     except (OSError, ValueError, IndexError):
