@@ -237,7 +237,7 @@ def _attempt(task_row: dict, patch: str, cfg, store, res: GradeResult) -> None:
                 raise SandboxInfraError(f"set-up failed: cannot undo the patch's harness changes: {rr.output[:500]}")
         res.harness_changes = ([f"{n}: {why}" for n, why in excluded]
                                + [f"{p}: {why}" for p, _, why in revert])
-        kept = {p for p in changed if p not in {q for q, _, _ in revert}}
+        kept = set(changed) - {p for p, _, _ in revert}  # what the tests will see of the patch
         r = sb.run(f'PYTHONPATH="{folder}${{PYTHONPATH:+:$PYTHONPATH}}" '
                    f'PYTEST_ADDOPTS="-p {rec.module}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" bash /root/run_tests.sh; '
                    f"s=$?; printf '\\n%s\\n' '{rec.record_marker}'; cat -- {folder}/record 2>/dev/null; exit $s",
@@ -279,8 +279,8 @@ def _startup_modules(sb, task_row: dict, cfg) -> frozenset:
     applied: learned once per environment by running that start-up (pytest --version) with the
     recorder. A patch may not add a module of those names. The repository's own modules (pytest
     imported them: the repo is one of its dependencies) stay its own."""
-    kind = task_row.get("docker_image") or (task_row.get("environment_uri") if getattr(getattr(sb, "env", None), "plugins", False)
-                                            else "interpreter")
+    own_venv = getattr(getattr(sb, "env", None), "plugins", False)
+    kind = task_row.get("docker_image") or (task_row.get("environment_uri") if own_venv else "interpreter")
     key = (kind, cfg.image, cfg.backend)
     if key not in _STARTUP:
         rec = Recorder()
