@@ -251,6 +251,15 @@ class GRPOConfig(_Strict):
         kind = self.truncated_importance_sampling_type
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"truncated_importance_sampling_ratio_min ({lo}) > ratio ({hi})")
+        if hi is not None and hi <= 0:
+            # NeMo-RL: "truncated_importance_sampling_ratio should be positive".
+            raise ValueError(f"truncated_importance_sampling_ratio must be > 0, got {hi}: NeMo-RL refuses it; with tis "
+                             "every weight would be clamped to at most it (0: the loss is 0 and training does nothing)")
+        if kind is None and (lo is not None or hi is not None):
+            # NeMo-RL: with a ratio set, "truncated_importance_sampling_type must be 'tis', 'icepop', or 'seq-mask-tis'".
+            raise ValueError("truncated_importance_sampling_ratio / _ratio_min are set but truncated_importance_sampling_"
+                             "type is None, which ignores them: NeMo-RL refuses it; set the type (tis, icepop, "
+                             "seq-mask-tis) or both ratios to null")
         if kind is not None and not self.use_importance_sampling_correction:
             raise ValueError(f"truncated_importance_sampling_type={kind} needs use_importance_sampling_correction")
         if kind is not None and (hi is None or (kind != "tis" and lo is None)):
