@@ -14,8 +14,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("tasks", "flows", "schemas")
 
 
+_FOUND: dict[str, pathlib.Path] = {}
+
+
 def modules() -> dict[str, pathlib.Path]:
-    found = {}
+    found = _FOUND
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
@@ -32,7 +35,8 @@ def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -
         anchor = module.split(".") if is_package else module.split(".")[:-1]
         anchor = anchor[: len(anchor) - (node.level - 1)]
         base = ".".join(anchor + ([base] if base else []))
-    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+    # `from a import b` imports the module a.b when there is one, else the name b from a.
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in _FOUND else base for alias in node.names]
 
 
 def import_graph(found: dict[str, pathlib.Path]) -> dict[str, set[str]]:

@@ -49,7 +49,7 @@ def owner_gone(host: str | None, pid: int | None, pid_start: int | None) -> bool
     return st is None or (pid_start is not None and st[1] != pid_start)
 
 
-def descendants(root: int) -> dict[int, int]:
+def descendant_start_times(root: int) -> dict[int, int]:
     """pid -> start time of every live process below `root`."""
     children: dict[int, list[int]] = {}
     start = {}
@@ -71,7 +71,7 @@ def supervise(pid: int) -> list[int]:
     me = _stat(pid)
     seen: dict[int, int] = {}
     while (st := _stat(pid)) is not None and st[1] == me[1]:
-        seen.update(descendants(pid))
+        seen.update(descendant_start_times(pid))
         seen = {p: s for p, s in seen.items() if (now := _stat(p)) is not None and now[1] == s}
         time.sleep(POLL_S)
     killed = []

@@ -6,8 +6,9 @@ import pytest
 
 from schemas.config import DatasetConfig
 from schemas.tables import TASKS
-from tasks.dataset import build, mini
-from tasks.dataset.build import DatasetVerificationError, LocalVerifier, build_mini_benchmark
+from tasks.dataset import build, mini, verify
+from tasks.dataset.build import build_mini_benchmark
+from tasks.dataset.verify import DatasetVerificationError, LocalVerifier
 
 SMALL = DatasetConfig(num_train=24, num_validation=12, seed=11)
 
@@ -66,12 +67,12 @@ def test_verification_failure_names_the_instance_and_commits_nothing(file_store)
 
 def test_precheck_names_bad_rows():
     row = mini.generate(DatasetConfig(num_train=12, num_validation=12))[0].row
-    patch, why = build._precheck(row)
+    patch, why = verify._precheck(row)
     assert why is None and patch.startswith("diff --git")
     bad = dict(row, expected_output_json='{"test_a": "PASS')
-    assert "expected_output_json is not valid JSON" in build._precheck(bad)[1]
+    assert "expected_output_json is not valid JSON" in verify._precheck(bad)[1]
     bad = dict(row, parsed_commit_content="[]")
-    assert row["instance_id"] in build._precheck(bad)[1]
+    assert row["instance_id"] in verify._precheck(bad)[1]
 
 
 def test_local_verifier_catches_a_gold_patch_that_does_not_apply(file_store):
@@ -81,13 +82,13 @@ def test_local_verifier_catches_a_gold_patch_that_does_not_apply(file_store):
     commit["file_diffs"][0]["old_file_content"] = "something else\n"
     row = dict(t.row, parsed_commit_content=json.dumps(commit))
     with pytest.raises(DatasetVerificationError, match=f"{row['instance_id']}: gold patch does not apply"):
-        build.verify_locally(row, t.archive)
+        verify.verify_locally(row, t.archive)
 
 
 def test_parse_pytest_summary_keys_like_r2e():
     out = ("=== short test summary info ===\nPASSED r2e_tests/test_1.py::test_a\n"
            "FAILED r2e_tests/test_1.py::TestX::test_b - assert 1 == 2\nERROR r2e_tests/test_1.py::test_c\n")
-    assert build.parse_pytest_summary(out) == {"test_a": "PASSED", "TestX.test_b": "FAILED", "test_c": "ERROR"}
+    assert verify.parse_pytest_summary(out) == {"test_a": "PASSED", "TestX.test_b": "FAILED", "test_c": "ERROR"}
 
 
 def test_build_on_s3(s3_store):
@@ -115,8 +116,8 @@ def test_sample_verified_in_real_sandbox(sandbox_rootfs, tmp_path):
     sample = [by_id[t.row["instance_id"]] for t in _sample_covering_families(
         [mini.MiniTask(r, b"") for r in rows], n=24)]
     assert {r["bug_family"] for r in sample} == set(mini.FAMILIES)
-    build.verify_tasks(sample, store, sandbox_cfg("bwrap"))
+    verify.verify_tasks(sample, store, sandbox_cfg("bwrap"))
     # ... and a task whose hidden tests cannot pass is reported by instance.
     broken = dict(sample[0], expected_output_json=json.dumps({"test_missing": "PASSED"}))
     with pytest.raises(DatasetVerificationError, match=sample[0]["instance_id"]):
-        build.verify_tasks([broken], store, sandbox_cfg("bwrap"))
+        verify.verify_tasks([broken], store, sandbox_cfg("bwrap"))

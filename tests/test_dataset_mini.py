@@ -13,7 +13,7 @@ import pytest
 from schemas.config import DatasetConfig
 from schemas.tables import TASKS
 from tasks.dataset import mini
-from tasks.dataset.build import verify_locally
+from tasks.dataset.verify import verify_locally
 from tasks.dataset.templates import FAMILIES, TEMPLATES
 
 

@@ -153,7 +153,7 @@ def test_every_archive_builder_keeps_only_the_snapshot(tmp_path):
     files = {"pkg/__init__.py": "", "pkg/m.py": "x = 1\n"}
     tb = extract(build_environment_archive(files, {"test_m.py": "def test_x():\n    pass\n"}), tmp_path / "env")
     assert_snapshot_only(tb, COMMIT_MESSAGE)
-    data, head = mini_archive.build_archive(files, {"test_m.py": ""}, "Initial import of pkg")
+    data, head = mini_archive.build_reproducible_archive(files, {"test_m.py": ""}, "Initial import of pkg")
     tb = extract(data, tmp_path / "mini")
     assert_snapshot_only(tb, "Initial import of pkg")
     assert git(tb, "rev-parse", "HEAD").strip() == head

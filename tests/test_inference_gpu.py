@@ -12,7 +12,7 @@ import torch
 from schemas.config import InferenceConfig
 from tasks.inference import PolicyClient, VLLMServer, free_port
 from tasks.policy import tokenizer as T
-from tasks.policy.model import load_policy
+from tasks.policy.model import load_pretrained_policy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -26,7 +26,7 @@ def gpu_server(tiny_policy_dir, vllm_python, tmp_path_factory):
 
 
 def test_generate_and_checkpoint_reload(gpu_server, tiny_policy_dir, tiny_policy_alt_dir):
-    model, tok = load_policy(tiny_policy_dir)
+    model, tok = load_pretrained_policy(tiny_policy_dir)
     c = PolicyClient([gpu_server.base_url], stop_token_ids=[T.special_token_ids(tok)[T.IM_END]])
     prompt = T.prompt_ids(tok, [{"role": "user", "content": "hi"}])
 
@@ -46,7 +46,7 @@ def test_generate_and_checkpoint_reload(gpu_server, tiny_policy_dir, tiny_policy
 def test_nccl_weight_push(gpu_server, tiny_policy_dir, tiny_policy_alt_dir):
     from tasks.inference.weight_sync import NcclWeightSync
 
-    model, tok = load_policy(tiny_policy_alt_dir, dtype=torch.bfloat16)
+    model, tok = load_pretrained_policy(tiny_policy_alt_dir, dtype=torch.bfloat16)
     model = model.cuda()
     sync = NcclWeightSync(gpu_server.base_url, model, master_address="127.0.0.1", master_port=free_port(),
                           world_size=2)

@@ -14,7 +14,7 @@ import torch
 from schemas.config import InferenceConfig
 from tasks.inference import PolicyClient, ServerStartError, VLLMServer
 from tasks.policy import tokenizer as T
-from tasks.policy.model import load_policy
+from tasks.policy.model import load_pretrained_policy
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +26,12 @@ MESSAGES = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "co
 
 @pytest.fixture(scope="module")
 def policy(tiny_policy_dir):
-    return load_policy(tiny_policy_dir)
+    return load_pretrained_policy(tiny_policy_dir)
 
 
 @pytest.fixture(scope="module")
 def alt_model(tiny_policy_alt_dir):
-    return load_policy(tiny_policy_alt_dir)[0]
+    return load_pretrained_policy(tiny_policy_alt_dir)[0]
 
 
 def hf_logprobs(model, prompt, completion):

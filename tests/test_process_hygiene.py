@@ -40,13 +40,13 @@ def _alive(pids: dict[int, int]) -> list[int]:
 
 def test_ctrl_c_during_prepare_stops_everything_and_says_how_to_resume(sandbox_rootfs, tmp_path):
     from tasks.sandbox import leftovers
-    from tasks.supervise import descendants
+    from tasks.supervise import descendant_start_times
 
     run_id = f"test-ctrl-c-{int(time.time())}"
     proc = _start(run_id, tmp_path)
     try:
         _wait_for(proc, "dataset: verifying gold patches")
-        children = descendants(proc.pid)
+        children = descendant_start_times(proc.pid)
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         out, err = proc.communicate(timeout=60)
@@ -64,12 +64,12 @@ def test_ctrl_c_during_prepare_stops_everything_and_says_how_to_resume(sandbox_r
 
 
 def test_a_run_killed_outright_leaves_no_process_behind(sandbox_rootfs, tmp_path):
-    from tasks.supervise import descendants
+    from tasks.supervise import descendant_start_times
 
     proc = _start(f"test-sigkill-{int(time.time())}", tmp_path)
     try:
         _wait_for(proc, "dataset: verifying gold patches")
-        children = descendants(proc.pid)
+        children = descendant_start_times(proc.pid)
         assert any("uvicorn" in open(f"/proc/{p}/cmdline").read() for p in _alive(children)), \
             "Prefect's temporary API server should be running"
         os.kill(proc.pid, signal.SIGKILL)

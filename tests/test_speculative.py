@@ -21,7 +21,7 @@ from tasks.agent.prompts import INSTANCE_PROMPT, SYSTEM_PROMPT
 from tasks.inference import PolicyClient, VLLMServer
 from tasks.inference.client import RequestRejectedError
 from tasks.policy import tokenizer as T
-from tasks.policy.model import load_policy
+from tasks.policy.model import load_pretrained_policy
 from tasks.policy.runtime import policy_logprobs
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ ISSUE = "read_int returns the fallback when the key is set, and fails when it is
 
 @pytest.fixture(scope="module")
 def shipped(vllm_python):
-    model, tok = load_policy(BASE)
+    model, tok = load_pretrained_policy(BASE)
     return model.float().eval(), tok
 
 

@@ -10,7 +10,8 @@
 - source "r2e" (r2e.py): R2E-Gym rows as published (Parquet / JSON Lines, local or s3://).
 """
 
-from tasks.dataset.build import DatasetVerificationError, build_dataset, build_mini_benchmark, verify_tasks
+from tasks.dataset.build import build_dataset, build_mini_benchmark
+from tasks.dataset.verify import DatasetVerificationError, verify_tasks
 from tasks.dataset.mini import GenerationError, gold_patch
 from tasks.dataset.order import training_batch, training_order
 from tasks.dataset.r2e import DatasetError, LoadReport, load_r2e_dataset, read_rows, to_tasks

@@ -103,7 +103,7 @@ def commit_sha(files: dict[str, bytes], message: str, parent: str | None = None)
     return GitRepo(files).commit(message, parent)
 
 
-def build_archive(files: dict[str, str], tests: dict[str, str], message: str,
+def build_reproducible_archive(files: dict[str, str], tests: dict[str, str], message: str,
                   python: str = "/usr/bin/python3") -> tuple[bytes, str]:
     """(tar.gz bytes, HEAD commit sha) for a repo snapshot and its hidden tests."""
     repo = GitRepo({p: c.encode() for p, c in files.items()})

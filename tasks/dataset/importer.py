@@ -193,7 +193,7 @@ def _local_copy(src: str, tmp: pathlib.Path, store) -> pathlib.Path:
 def import_tasks(src: str | os.PathLike, store, sandbox_cfg, offline: bool = False, num_validation: int | None = None,
                  seed: int = 0, log=print) -> ImportResult:
     """Build, verify and store every task under src (see the module docstring); never raises for one task."""
-    from tasks.dataset.build import check_tasks
+    from tasks.dataset.verify import check_tasks
 
     res = ImportResult()
     rows: dict[str, dict] = {}

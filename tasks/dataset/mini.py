@@ -376,14 +376,6 @@ class _Candidate:
     keys: tuple
 
 
-def _sites_by_family() -> dict[str, list[tuple[Template, int]]]:
-    out: dict[str, list] = {f: [] for f in FAMILIES}
-    for t in TEMPLATES:
-        for i, b in enumerate(t.bugs):
-            out[b.family].append((t, i))
-    return out
-
-
 def _changed(a: str, b: str) -> list[str]:
     """Lines of `b` that are not lines of `a` (a one-site edit: the edited lines)."""
     sm = difflib.SequenceMatcher(None, a.splitlines(), b.splitlines(), autojunk=False)
@@ -531,7 +523,7 @@ def _assemble(c: _Candidate, rng: random.Random, difficulty: float, docker_image
     expected_output = {name: "PASSED" for name, _ in bodies}
 
     message = f"Initial import of {pkg}"
-    blob, old_sha = archive.build_archive(files, {"test_1.py": test_src}, message)
+    blob, old_sha = archive.build_reproducible_archive(files, {"test_1.py": test_src}, message)
     fixed_files = dict(files, **{path: fixed})
     fix_message = f"Fix {target.name} in {path}"
     # The fix commit's parent is the (unique) buggy state, so its sha is unique too.

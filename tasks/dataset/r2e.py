@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from schemas.presets import PermanentError
 from schemas.tables import SPLITS, TASKS, TEST_STATUSES
 from tasks.dataset.mini import gold_patch
+from tasks.dataset.verify import check_tasks
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +318,7 @@ def load_r2e_dataset(cfg, store, strict: bool = False, sandbox_cfg=None, progres
     Cached by content: the same file and config return the committed table at once.
     strict=True refuses a file with any malformed row instead of leaving it out.
     sandbox_cfg: verify the selected rows that have an environment archive in sandboxes (gold
-    patch 1 twice, empty patch 0; tasks/dataset/build.py: check_tasks); a failing row is reported
+    patch 1 twice, empty patch 0; tasks/dataset/verify.py: check_tasks); a failing row is reported
     (column "verification", with its test log tail) and left out, and the next row in the seeded
     order takes its place. Rows that run in their docker_image are not verified here.
     """
@@ -343,8 +344,6 @@ def load_r2e_dataset(cfg, store, strict: bool = False, sandbox_cfg=None, progres
         report.total, report.issues = len(rows), report.issues + failed
         if not verify:
             break
-        from tasks.dataset.build import check_tasks
-
         archived = [r for r in table.to_pylist() if r.get("environment_uri")]
         bad = check_tasks(archived, store, sandbox_cfg, progress, gold_runs=2, cache=True)
         if not bad:

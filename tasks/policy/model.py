@@ -1,6 +1,6 @@
 """The tiny policy model: a small Qwen-family causal LM with random weights,
 saved as an ordinary Hugging Face checkpoint directory (config.json,
-model.safetensors, tokenizer files), and `load_policy`, which loads any such
+model.safetensors, tokenizer files), and `load_pretrained_policy`, which loads any such
 checkpoint (the tiny one, an SFT/GRPO checkpoint, a real Qwen) the same way.
 
 Architecture choice (see the report in tests/bench/bench_model.py's header):
@@ -120,8 +120,8 @@ def build_tiny_model(cfg: ModelConfig, tokenizer) -> PreTrainedModel:
     return model
 
 
-def save_policy(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike) -> pathlib.Path:
-    """Write a checkpoint directory (safetensors) that `load_policy` and vLLM read."""
+def save_pretrained_policy(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike) -> pathlib.Path:
+    """Write a checkpoint directory (safetensors) that `load_pretrained_policy` and vLLM read."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -130,13 +130,13 @@ def save_policy(model: PreTrainedModel, tokenizer, out_dir: str | os.PathLike) -
     return out
 
 
-def build_policy(cfg: ModelConfig, out_dir: str | os.PathLike, corpus: Iterable[str] | None = None) -> pathlib.Path:
+def create_tiny_policy(cfg: ModelConfig, out_dir: str | os.PathLike, corpus: Iterable[str] | None = None) -> pathlib.Path:
     """Train the tokenizer on `corpus` (None = tokenizer.default_corpus()), build the
     tiny model from `cfg` and save both to `out_dir`."""
     from tasks.policy import tokenizer as tok_lib
 
     tokenizer = tok_lib.train_tokenizer(corpus, vocab_size=cfg.vocab_size)
-    return save_policy(build_tiny_model(cfg, tokenizer), tokenizer, out_dir)
+    return save_pretrained_policy(build_tiny_model(cfg, tokenizer), tokenizer, out_dir)
 
 
 def check_model_dir(path: str | os.PathLike) -> pathlib.Path:
@@ -200,7 +200,7 @@ def resolve_model_dir(path_or_uri: str | os.PathLike, cache_dir: str | os.PathLi
     return local
 
 
-def load_policy(path_or_uri: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
+def load_pretrained_policy(path_or_uri: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
                 storage_options: dict | None = None, dtype: "torch.dtype | None" = None):
     """(model, tokenizer) from a checkpoint directory or object-store URI; fp32 unless `dtype`."""
     import torch

@@ -67,7 +67,7 @@ def is_router_param(name: str) -> bool:
     return ".mlp.gate." in name
 
 
-def build_policy(model_dir: str | os.PathLike, rt: Runtime, freeze_router: bool = False):
+def load_for_training(model_dir: str | os.PathLike, rt: Runtime, freeze_router: bool = False):
     """Load fp32 master weights; shard with Automodel's FSDP2 parallelizer when world > 1."""
     model = ckpt.load_policy(model_dir)
     if freeze_router:

@@ -90,7 +90,7 @@ object-store prefix, one directory per task):
                                  what an editable install of a src layout amounts to)
 
 Each task is built into an archive (environments/import/<sha>.tar.gz), checked as the loader checks
-a row, and verified in sandboxes: gold patch 1 twice, empty patch 0 (tasks/dataset/build.py:
+a row, and verified in sandboxes: gold patch 1 twice, empty patch 0 (tasks/dataset/verify.py:
 check_tasks; a pass is recorded per row, archive, image and backend, so it is not redone). A task
 that fails any step is printed by name with the reason and its test log tail, and left out. The
 verified rows go to datasets/import-<id>/rows.jsonl (train on them: `dataset.source=r2e
@@ -110,7 +110,7 @@ from tasks.sandbox.base import (DIFF_EXCLUDES, BaseSandbox, CommandResult, FileT
                                 SandboxInfraError, close_all, pid_alive)
 from tasks.sandbox.environment import EnvironmentError_ as EnvironmentSpecError
 from tasks.sandbox.environment import Environment, RUN_TESTS_SH, resolve as resolve_environment
-from tasks.sandbox.environment import build_archive as build_environment_archive
+from tasks.sandbox.environment import build_environment_archive
 
 Sandbox = BaseSandbox
 MODES = ("agent", "grading")

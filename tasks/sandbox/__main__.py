@@ -27,7 +27,7 @@ def _all(docker: bool) -> list[str]:
     out = []
     for parent in bwrap._parents():
         out += [str(d) for d in parent.iterdir() if d.is_dir()] if parent.is_dir() else []
-    out += [str(d) for d in bwrap.work_root().iterdir()] if bwrap.work_root().is_dir() else []
+    out += [str(d) for d in bwrap.sandbox_work_root().iterdir()] if bwrap.sandbox_work_root().is_dir() else []
     if docker:
         from tasks.sandbox import dockerbox
 

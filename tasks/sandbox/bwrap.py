@@ -42,7 +42,7 @@ V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")  # cpuacct: CPU accounting
 KILL_GRACE_S = 5.0
 
 
-def work_root() -> pathlib.Path:
+def sandbox_work_root() -> pathlib.Path:
     return pathlib.Path(tempfile.gettempdir()) / "rlvr-sandbox"
 
 
@@ -160,11 +160,11 @@ class BwrapSandbox(BaseSandbox):
         if not (self.rootfs / "usr" / "bin" / "python3").exists():
             raise SandboxInfraError(f"no sandbox rootfs at {self.rootfs}: run python -m tasks.sandbox.image build")
         t0 = time.monotonic()
-        self.work = work_root() / self.id
+        self.work = sandbox_work_root() / self.id
         self.cgroup = None
         register(self)
         try:
-            work_root().mkdir(mode=0o755, exist_ok=True)
+            sandbox_work_root().mkdir(mode=0o755, exist_ok=True)
             self.work.mkdir(mode=0o755)
             # The quota: pages the sandbox writes here are also charged to its memory cgroup.
             mount_tmpfs(self.work, cfg.disk_mb * 1024 * 1024 + tree_bytes(env.testbed))
@@ -358,8 +358,8 @@ def reap_stale(pid_alive) -> list[str]:
                 cg.dirs = [d]
                 cg.remove()
                 removed.append(str(d))
-    if work_root().is_dir():
-        for d in work_root().iterdir():
+    if sandbox_work_root().is_dir():
+        for d in sandbox_work_root().iterdir():
             pid = owner_pid(d.name)
             if pid is not None and not pid_alive(pid):
                 remove_tmpfs_dir(d)
@@ -375,6 +375,6 @@ def leftovers(pid: int) -> list[str]:
     for parent in _parents():
         if parent.is_dir():
             out += [str(d) for d in parent.iterdir() if d.is_dir() and owner_pid(d.name) == pid]
-    if work_root().is_dir():
-        out += [str(d) for d in work_root().iterdir() if owner_pid(d.name) == pid]
+    if sandbox_work_root().is_dir():
+        out += [str(d) for d in sandbox_work_root().iterdir() if owner_pid(d.name) == pid]
     return out

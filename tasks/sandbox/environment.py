@@ -234,7 +234,7 @@ def _root_owned_readable(root: pathlib.Path) -> None:
                 os.close(fd)
 
 
-def build_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],
+def build_environment_archive(files: dict[str, str | bytes], tests: dict[str, str | bytes],
                   run_tests: str = RUN_TESTS_SH, python: str = "/usr/bin/python3") -> bytes:
     """A .tar.gz environment archive in the documented layout, from in-memory files.
 

@@ -29,7 +29,10 @@ def one_round(code: str, backend: str, n: int, concurrency: int) -> dict:
     sys.path.insert(0, code)
     from schemas.config import DatasetConfig, SandboxConfig
     from tasks.dataset import build
-    from tasks.dataset.build import _precheck
+    try:
+        from tasks.dataset.verify import _precheck
+    except ImportError:  # a revision before verification had its own module
+        from tasks.dataset.build import _precheck
     from tasks.grading import grade_rollouts
     from tasks.storage import Store
 

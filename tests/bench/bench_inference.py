@@ -71,13 +71,13 @@ def main():
 
     from schemas.config import InferenceConfig, ModelConfig
     from tasks.inference import PolicyClient, VLLMServer
-    from tasks.policy.model import build_policy, load_policy
+    from tasks.policy.model import create_tiny_policy, load_pretrained_policy
     from tasks.policy.tokenizer import IM_END, special_token_ids
 
     mcfg = ModelConfig(arch=a.arch)
     work = Path(tempfile.mkdtemp(prefix="bench-inference-"))
-    model_dir = build_policy(mcfg, work / "model")
-    model, tok = load_policy(model_dir)
+    model_dir = create_tiny_policy(mcfg, work / "model")
+    model, tok = load_pretrained_policy(model_dir)
     icfg = InferenceConfig(max_model_len=a.prompt_len + a.new_tokens + 16, max_num_seqs=max(a.concurrency),
                            cpu_kvcache_gib=2, cpu_threads=a.threads, enforce_eager=not a.compiled,
                            startup_timeout_s=900)
