@@ -82,7 +82,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _package_init_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+def with_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """Importing a.b.c runs a/__init__ and a/b/__init__ first: those edges are real too."""
     full = {k: set(v) for k, v in graph.items()}
     for name, edges in graph.items():
@@ -98,7 +98,7 @@ def _package_init_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def report(top: int) -> dict:
     found = modules()
     trees = {name: ast.parse(path.read_text(), str(path)) for name, path in found.items()}
-    graph = _package_init_edges(import_graph(found))
+    graph = with_package_inits(import_graph(found))
     defined = collections.defaultdict(list)
     functions = []
     for name, tree in trees.items():
