@@ -9,7 +9,7 @@ seed gives byte-identical rows and archives.
 
 Splits are by instance (`split="instance"`, the default). Bug families, packages, the
 identifier pools and the bug sites are shared by train and validation (a tiny model scores
-~0 on families, names or edits it never trained on, ARCHITECTURE.md s7; measured here too:
+~0 on families, names or edits it never trained on, docs/architecture.md s8; measured here too:
 with sites split, 225 of 251 validation tasks needed an edit never demonstrated and a
 warm start that solved a third of its training tasks solved no validation task), but no
 validation task shares with any training task
@@ -24,8 +24,8 @@ per family (round-robin over functions, at least 4 groups in validation, no func
 validation-only), the far harder generalisation. `split="text"` drops the first key: a
 validation task may be a bug of a family the training set shows in the same function (another
 instance: other argument names, constants, neighbours, layout and issue wording), so the edit's
-site can be recalled while its text must still be copied from the file (how ARCHITECTURE.md s7's
-prototype split, where a tiny model reached pass@4 0.5-0.8).
+site can be recalled while its text must still be copied from the file (how the prototype of
+docs/architecture.md s8 split, where a tiny model reached pass@4 0.5-0.8).
 `leakage_keys(row)` recomputes the keys from a row; the tests check them.
 Names stay shared: validation reuses function names that training uses (for other bugs).
 

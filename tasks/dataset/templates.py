@@ -12,7 +12,7 @@ combination whose bug is not exposed, whose lines are not unique, and so on.
 
 Templates are grouped into packages (the `repo_name`) and modules; the other
 templates of a task's package are its distractor code. Identifier pools are shared
-by both splits (a tiny model fails on names it never saw: ARCHITECTURE.md s7).
+by both splits (a tiny model fails on names it never saw: docs/architecture.md s8).
 """
 
 from __future__ import annotations
