@@ -48,6 +48,39 @@ def clipped_pg_loss(
     Gradient flows only through curr_logprobs. advantages is [B, S-1] (a sequence's
     advantage broadcast over its tokens). reference_logprobs is needed when
     cfg.reference_policy_kl_penalty > 0.
+
+    The objective, per token t of sequence i (sg = stop-gradient; every cfg name is a GRPOConfig field;
+    logp, logp_prev, logp_gen, logp_ref = curr_, prev_, generation_, reference_logprobs; A = advantages):
+
+        loss = REDUCE(w * pg) + beta * REDUCE(kl)
+
+        pg   = max(-A * r, -A * clip(r, 1 - ratio_clip_min, 1 + ratio_clip_max))    PPO, pessimistic side
+               where A < 0 and ratio_clip_c = c is set:  pg = min(pg, -c * A)        dual clip
+        r    = exp(logp - logp_prev)
+               force_on_policy_ratio:  r = exp(logp - sg(logp)), no clip, logp_prev = sg(logp)
+                                       (1 in value, the policy gradient in gradient)
+
+        w    = sg(exp(logp_prev - logp_gen))   the tokens came from vLLM's policy, not from pi_prev
+               truncated_importance_sampling_type (lo = ..._ratio_min, hi = ..._ratio):
+                 tis           w = clamp(w, lo or 0, hi)
+                 icepop        w = w * [lo <= w <= hi]                   a token out of bounds weighs 0
+                 seq-mask-tis  w = w * [lo <= g_i <= hi],  g_i = exp(mean over i's tokens of
+                               (logp_prev - logp_gen)): a sequence out of bounds weighs 0
+                 None          w as is
+               use_importance_sampling_correction false: w = 1
+
+        kl   = Schulman's estimate of KL(pi || pi_ref) at each sampled token (a clamp set to None is skipped):
+               u  = clamp(logp_ref - logp, -kl_input_clamp_value, kl_input_clamp_value)
+               kl = clamp(exp(logp - sg(logp)) * K(u), -kl_output_clamp_value, kl_output_clamp_value)
+               K: k1 = -u,  k2 = u^2 / 2,  k3 = exp(u) - 1 - u    (reference_policy_kl_type)
+               exp(logp - sg(logp)) is 1 in value and adds the score-function gradient (tokens sampled
+               from pi); where the input clamp bites there is no gradient. beta = reference_policy_kl_penalty.
+
+        REDUCE(x), m = token_mask * sample_mask, over the GLOBAL batch's counts (so the micro-batch
+        losses sum to the global batch's loss, however it is split):
+            token_level_loss   sum_{i,t} m * x / (valid tokens + 1e-8)
+            sequence level     sum_i sample_mask_i * x_i / (valid sequences + 1e-8),
+                               x_i = sum_t token_mask * x / (sum_t token_mask + 1e-8)
     """
     mask = token_mask * sample_mask.unsqueeze(-1)
     toks, seqs = global_valid_toks, global_valid_seqs
