@@ -2,6 +2,7 @@
 tasks/, flows/ and schemas/: import cycles between the project's modules (module-level and
 function-local imports alike), public names defined in more than one module, the longest
 functions, function-local imports (all, and those of the project's own modules).
+A function's length counts its def line and body, not its docstring.
 
     .venv/bin/python research/legibility.py [--top 10]
 """
@@ -107,7 +108,9 @@ def report(top: int) -> dict:
                 defined[node.name].append(name)
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                functions.append((node.end_lineno - node.lineno + 1, f"{found[name].relative_to(ROOT)}:{node.lineno} {node.name}"))
+                body = node.body[1:] if ast.get_docstring(node) is not None and len(node.body) > 1 else node.body
+                lines = node.end_lineno - body[0].lineno + 2  # the def line and the body, not the docstring
+                functions.append((lines, f"{found[name].relative_to(ROOT)}:{node.lineno} {node.name}"))
     # A nested function's imports are walked once per enclosing function: count each import node once.
     seen, local_imports, own_local = set(), 0, 0
     for name, tree in trees.items():
@@ -140,7 +143,7 @@ if __name__ == "__main__":
     print(f"public names defined in several modules: {len(r['names_in_several_modules'])}")
     for k, v in r["names_in_several_modules"].items():
         print(f"  {k}: {', '.join(v)}")
-    print(f"longest functions (lines):")
+    print("longest functions (lines without the docstring):")
     for n, where in r["longest_functions"]:
         print(f"  {n:4d} {where}")
     print(f"function-local imports: {r['function_local_imports']} "
