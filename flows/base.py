@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="add the stages this recipe has beyond the frozen base DIR's (restart cycles, clean phase)")
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
-    from flows.main import prefect_defaults
+    from flows.process import prefect_defaults
     from schemas.presets import ConfigError, load_config, parse_overrides
 
     prefect_defaults()

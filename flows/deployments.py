@@ -151,7 +151,7 @@ def ensure_pool(name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from flows.main import prefect_defaults
+    from flows.process import prefect_defaults
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pool", default=POOL, help=f"process work pool to deploy to (default {POOL}; created if missing)")

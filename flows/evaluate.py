@@ -12,8 +12,8 @@ import time
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from flows.grpo_iteration import collect_rollouts, grading
 from flows.runtime import Progress, RunContext, log
+from flows.stages import collect_rollouts, grading
 from tasks.evaluation import eval_samples_table, eval_summary_row, spread, summarize, summarize_early_stop
 from tasks.storage import stage_key
 

@@ -15,20 +15,7 @@ import signal
 import sys
 import time
 
-
-def prefect_defaults() -> None:
-    """A project-local Prefect home, no telemetry, time for the ephemeral API to start on a busy machine."""
-    os.environ.setdefault("PREFECT_HOME", os.path.abspath(".rlvr/prefect"))
-    os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)  # Prefect makes only the last level
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    # One model file: transformers' per-shard progress bars only add noise to the first screen.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    # torchao on import: a failed load per CUDA kernel library and a torch deprecation line per
-    # enum it registers. Not ours, not actionable on a CPU machine; real errors still show.
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+from flows.process import prefect_defaults, stop_on_signals, stop_signal
 
 
 class QuietPermanentErrors(logging.Filter):
@@ -46,18 +33,6 @@ def quiet_permanent_errors() -> None:
 
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).addFilter(QuietPermanentErrors())
-
-
-def stop_on_signals() -> None:
-    """Ctrl-C and SIGTERM raise KeyboardInterrupt in the main thread, so every `finally` stops the
-    run's servers and sandboxes; a process started in the background inherits SIGINT ignored.
-    While a flow runs, Prefect's own SIGTERM handler raises TerminationSignal instead: both are
-    a stop (`flows.runtime.stop_signal`)."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 def start_prefect_api() -> None:
@@ -148,8 +123,6 @@ def main(argv: list[str] | None = None) -> int:
 
     watch(os.getpid())  # ends what this run started if it is killed outright
     resume = f"rerun with --run-id {run_id} to resume it (make run ARGS=\"--run-id {run_id} ...\")"
-    from flows.runtime import stop_signal
-
     try:
         start_prefect_api()
         from flows.train import train

@@ -26,14 +26,16 @@ import time
 
 from prefect import flow
 
+from flows.evaluate import evaluation
+from flows.prepare import prepare_run_context
+from flows.process import prefect_defaults, stop_on_signals
 from flows.runtime import log
+from flows.stages import checkpoint_key
 
 POLL_S = 2.0
 
 
 def checkpoint_commit(store, run_id: str, step: int) -> dict | None:
-    from flows.grpo_iteration import checkpoint_key
-
     key = checkpoint_key(run_id, step) + ".commit"
     return store.get_json(key) if store.exists(key) else None
 
@@ -81,10 +83,6 @@ def next_checkpoint(passed: dict[int, bool], start: int, last: int | None, searc
 def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_id: str = "") -> dict:
     """Evaluate run `run_id`'s checkpoints from eval.start_step (eval.offline_search decides which
     and in what order) until the search settles on the first passing one or none."""
-    from flows.evaluate import evaluation
-    from flows.grpo_iteration import checkpoint_key
-    from flows.prepare import prepare_run_context
-
     ctx, _ = prepare_run_context(preset, overrides, run_id, dataset_only=True)
     cfg, store = ctx.cfg, ctx.store
     start, search, started = max(1, cfg.eval.start_step), cfg.eval.offline_search, False
@@ -139,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-id", required=True)
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
-    from flows.main import prefect_defaults, stop_on_signals
     from schemas.presets import parse_overrides
 
     prefect_defaults()

@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import pathlib
-import signal
+import subprocess
 import sys
 import threading
 import time
@@ -207,19 +207,6 @@ class RunContext:
             self.loop = None
 
 
-def stop_signal(exc: BaseException) -> str | None:
-    """The signal a run was stopped by ("SIGINT", "SIGTERM"), None for any other exception:
-    KeyboardInterrupt from `flows.main.stop_on_signals` (named) or Python's own (Ctrl-C), and
-    Prefect's TerminationSignal (its SIGTERM handler, installed while a flow runs)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return str(exc) or "SIGINT"
-    from prefect.exceptions import TerminationSignal
-
-    if isinstance(exc, TerminationSignal):
-        return signal.Signals(exc.signal).name
-    return None
-
-
 def load_tasks(store: Store, tasks_key: str) -> dict[str, dict]:
     rows = store.read_table(tasks_key, stage="tasks").to_pylist()
     return {r["instance_id"]: r for r in rows}
@@ -227,6 +214,15 @@ def load_tasks(store: Store, tasks_key: str) -> dict[str, dict]:
 
 def config_json(cfg: RunConfig) -> str:
     return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+
+
+def code_version() -> str:
+    """The checkout's commit (`git describe --always --dirty`), or "unknown" outside a git checkout."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], capture_output=True,
+                              text=True, cwd=pathlib.Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def work_root() -> pathlib.Path:

@@ -83,7 +83,7 @@ def main():
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
     from flows.evaluate import evaluation
-    from flows.grpo_iteration import checkpoint_key
+    from flows.stages import checkpoint_key
     from grpo_steps import bench_context, grpo_steps, pin_split
 
     run_id = f"bench-fresh{'-compare' if args.compare else ''}-{int(time.time())}"

@@ -10,7 +10,7 @@ from flows.runtime import RunContext
 
 def bench_context(preset: str, overrides: list[str], prompts_per_step: int, run_id: str) -> RunContext:
     """A synchronous run's context over the preset's dataset (no warm start is built)."""
-    from flows.main import prefect_defaults
+    from flows.process import prefect_defaults
 
     prefect_defaults()
     from flows.prepare import prepare_run_context

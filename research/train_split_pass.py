@@ -12,7 +12,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from flows.grpo_iteration import collect_rollouts  # noqa: E402
+from flows.stages import collect_rollouts  # noqa: E402
 from flows.prepare import prepare_run_context  # noqa: E402
 from tasks.grading import grade_rollouts  # noqa: E402
 

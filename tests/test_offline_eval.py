@@ -126,7 +126,7 @@ def test_bisect_only_after_training():
 
 def _offline_store(tmp_path, run_id, verdicts, last):
     """A store with checkpoints 1..last (stamped) and committed evaluations of `verdicts` (step -> pass)."""
-    from flows.grpo_iteration import checkpoint_key
+    from flows.stages import checkpoint_key
     from tasks.evaluation import summary_table
     from tasks.storage import Store
 

@@ -33,7 +33,7 @@ def step_inputs(tmp_path, model_dir, cfg, step):
 def worker_update(tmp_path, cfg, model_dir, out, step, num_ranks, precision=None) -> dict:
     """One update as a flow takes it: a trainer worker of `num_ranks` processes, then stopped."""
     with TrainerWorker(model_dir, cfg, num_ranks=num_ranks, precision=precision, start_timeout=300) as w:
-        return w.update(tmp_path / f"traj{step}.parquet", tmp_path / f"adv{step}.parquet", out, timeout=300)
+        return w.train_step(tmp_path / f"traj{step}.parquet", tmp_path / f"adv{step}.parquet", out, timeout=300)
 
 
 @pytest.mark.slow
@@ -101,9 +101,9 @@ def test_one_rank_worker_and_bad_input(tmp_path):
     with TrainerWorker(v0, cfg, start_timeout=300) as w:
         pq.write_table(adv.slice(0, 6), tmp_path / "short.parquet")
         with pytest.raises(BadBatchError, match=r"g0-s1-6, g0-s1-7"):
-            w.update(tmp_path / "traj1.parquet", tmp_path / "short.parquet", tmp_path / "v2", timeout=300)
+            w.train_step(tmp_path / "traj1.parquet", tmp_path / "short.parquet", tmp_path / "v2", timeout=300)
         assert not (tmp_path / "v2").exists()
-        m = w.update(tmp_path / "traj1.parquet", tmp_path / "adv1.parquet", tmp_path / "v1", timeout=300)
+        m = w.train_step(tmp_path / "traj1.parquet", tmp_path / "adv1.parquet", tmp_path / "v1", timeout=300)
     assert m["world_size"] == 1 and m["policy_version"] == 1 and (tmp_path / "v1" / "model.safetensors").exists()
 
 

@@ -101,5 +101,5 @@ def grpo_step(model_dir, trajectories, advantages, cfg, out_dir, *, optimizer_st
     trainer = PolicyTrainer(model_dir, cfg, reference_dir=reference_dir, keep_optimizer_state=keep_optimizer_state,
                             precision=precision)
     samples, masked = trainer.prepare(trajectories, advantages)
-    return trainer.update(samples, masked, out_dir, optimizer_steps=optimizer_steps, policy_version=policy_version,
-                          save_optimizer=keep_optimizer_state)
+    return trainer.grpo_update(samples, masked, out_dir, optimizer_steps=optimizer_steps,
+                               policy_version=policy_version, save_optimizer=keep_optimizer_state)

@@ -134,7 +134,7 @@ def test_worker_matches_one_shot_and_survives_errors(tmp_path):
             ref = grpo_step(one / f"v{step - 1}" if step > 1 else v0, *map(pq.read_table, files[step]), cfg,
                               one / f"v{step}")
             # Step 1 keeps AdamW only in memory (step 2 must carry it); step 3's is written by stop().
-            got = worker.update(*files[step], w / f"v{step}", policy_version=step, save_optimizer=step == 2)
+            got = worker.train_step(*files[step], w / f"v{step}", policy_version=step, save_optimizer=step == 2)
             assert {k: got[k] for k in METRICS} == {k: ref[k] for k in METRICS}
             assert got["optimizer_saved"] == (step == 2) and worker.policy_version == step
             if step == 2:
@@ -142,11 +142,11 @@ def test_worker_matches_one_shot_and_survives_errors(tmp_path):
                 # Errors: nothing changes, nothing is written, the next request works.
                 poisoned = step_files(tmp_path, one / "v2", cfg, 3, poison=True)
                 with pytest.raises(BadBatchError, match=r"JoinError.*g0-s1-7"):
-                    worker.update(files[1][0], _short(tmp_path, files[1]), w / "bad", policy_version=3)
+                    worker.train_step(files[1][0], _short(tmp_path, files[1]), w / "bad", policy_version=3)
                 with pytest.raises(UpdateAborted, match="non-finite loss"):
-                    worker.update(*poisoned, w / "bad", policy_version=3, optimizer_steps=2)
+                    worker.train_step(*poisoned, w / "bad", policy_version=3, optimizer_steps=2)
                 with pytest.raises(BadBatchError, match="FileNotFoundError|No such file"):
-                    worker.update(tmp_path / "missing.parquet", files[1][1], w / "bad")
+                    worker.train_step(tmp_path / "missing.parquet", files[1][1], w / "bad")
                 assert not (w / "bad").exists() and worker.policy_version == 2
         pids = worker.pids()
         assert len(pids) == 1 and alive(pids[0])
@@ -184,10 +184,10 @@ def test_two_ranks_match_one_rank_and_leave_no_processes(tmp_path):
         with worker:
             pids = worker.pids()
             assert len(pids) == 3  # torchrun and its 2 ranks
-            got1 = worker.update(t1, a1, tmp_path / "two1", save_optimizer=False)
+            got1 = worker.train_step(t1, a1, tmp_path / "two1", save_optimizer=False)
             with pytest.raises(UpdateAborted, match=r"non-finite loss"):  # both ranks abort, both go on
-                worker.update(*poisoned, tmp_path / "bad", optimizer_steps=2)
-            got2 = worker.update(t2, a2, tmp_path / "two2")
+                worker.train_step(*poisoned, tmp_path / "bad", optimizer_steps=2)
+            got2 = worker.train_step(t2, a2, tmp_path / "two2")
             raise KeyboardInterrupt  # Ctrl-C in the flow: the worker tree is killed, not waited for
     assert not any(alive(p) for p in pids)
     for got, ref in ((got1, one1), (got2, one2)):

@@ -17,7 +17,6 @@ keeps its unnormalised r - b (e.g. the single success in a group of failures get
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from typing import Hashable, Sequence
 
@@ -26,8 +25,6 @@ import torch
 
 from schemas.config import GRPOConfig
 from schemas.tables import ADVANTAGES
-
-log = logging.getLogger(__name__)
 
 # finish_reason -> mask reason. These rollouts were cut off or broken by infrastructure or by us:
 # their reward says nothing about the policy, so they are invalid samples (MLPerf:
@@ -197,9 +194,7 @@ def compute_advantages(trajectories: pa.Table, rewards: pa.Table, cfg: GRPOConfi
                 "group_size": len(idx), "group_valid": n_valid,
                 "masked": masked, "mask_reason": reason,
             }
-    table = ADVANTAGES.validate(ADVANTAGES.from_rows(rows))
-    log.info("advantages: %s", summarize_advantages(table))
-    return table
+    return ADVANTAGES.validate(ADVANTAGES.from_rows(rows))
 
 
 def summarize_advantages(table: pa.Table) -> dict:

@@ -32,7 +32,7 @@ from tasks.grpo.loss import clipped_pg_loss
 from tasks.policy import checkpoint as ckpt
 from tasks.policy.batch import Sample, collate, plan_micro_batches, prepare_samples
 from tasks.policy.runtime import (MAX_METRICS, MIN_METRICS, OptimizerStep, UpdateAborted, adamw, all_reduce,
-                                  build_policy, forward_logprobs, init_runtime, peak_rss_mib, save, token_logprobs,
+                                  load_for_training, forward_logprobs, init_runtime, peak_rss_mib, save, token_logprobs,
                                   vocab_size)
 
 
@@ -51,7 +51,7 @@ class PolicyTrainer:
         self.model_dir = Path(model_dir)
         self.version = ckpt.read_policy_version(model_dir)
         self.vocab_size = vocab_size(model_dir)
-        self.model, self.params = build_policy(model_dir, self.rt, cfg.optimizer.freeze_router)
+        self.model, self.params = load_for_training(model_dir, self.rt, cfg.optimizer.freeze_router)
         self.optimizer = adamw(self.params, cfg, cfg.effective_lr)
         # "resumed": this optimizer continues earlier steps (from optimizer.pt, or from memory later on).
         self.resumed = keep_optimizer_state and ckpt.load_optimizer_state(self.model, self.optimizer, model_dir)
@@ -60,21 +60,21 @@ class PolicyTrainer:
                          weight_decay=cfg.optimizer.weight_decay)
         self.ref_model = None
         if reference_dir is not None and cfg.grpo.reference_policy_kl_penalty > 0:
-            self.ref_model = build_policy(reference_dir, self.rt)[0].eval()
+            self.ref_model = load_for_training(reference_dir, self.rt)[0].eval()
         self.optimizer_unsaved = False  # the latest checkpoint dir lacks the in-memory AdamW state
 
     def prepare(self, trajectories, advantages) -> tuple[list[Sample], int]:
         return prepare_samples(trajectories, advantages, self.vocab_size)
 
     def grpo_step(self, trajectories, advantages, out_dir, **kw) -> dict:
-        """prepare + update, from tables."""
+        """prepare + grpo_update, from tables."""
         t0 = time.perf_counter()
         samples, num_masked = self.prepare(trajectories, advantages)
-        return self.update(samples, num_masked, out_dir, t0=t0, **kw)
+        return self.grpo_update(samples, num_masked, out_dir, t0=t0, **kw)
 
-    def update(self, samples: list[Sample], num_masked: int, out_dir: str | os.PathLike, *,
-               optimizer_steps: int | None = None, policy_version: int | None = None, save_optimizer: bool = True,
-               t0: float | None = None) -> dict:
+    def grpo_update(self, samples: list[Sample], num_masked: int, out_dir: str | os.PathLike, *,
+                    optimizer_steps: int | None = None, policy_version: int | None = None,
+                    save_optimizer: bool = True, t0: float | None = None) -> dict:
         """One GRPO update on prepared samples (the module docstring); saves `out_dir` and moves on to it.
         save_optimizer=False skips optimizer.pt (most of the save time); save_optimizer_state() writes it later."""
         t0 = time.perf_counter() if t0 is None else t0

@@ -111,8 +111,8 @@ def _handle_grpo(trainer, req: dict) -> dict:
             return _error(err, "InputError")
         return _error(err)
     try:
-        metrics = trainer.update(samples, masked, req["out"], optimizer_steps=steps, policy_version=version,
-                                 save_optimizer=bool(req.get("save_optimizer", True)), t0=t0)
+        metrics = trainer.grpo_update(samples, masked, req["out"], optimizer_steps=steps, policy_version=version,
+                                      save_optimizer=bool(req.get("save_optimizer", True)), t0=t0)
     except UpdateAborted as e:  # all ranks abort together; the trainer put its state back
         return _error(e)
     except Exception as e:  # the policy may have moved past its last checkpoint: not safe to go on
@@ -261,7 +261,7 @@ def _process_table() -> dict[int, tuple[int, str]]:
     return table
 
 
-def descendants(pid: int) -> list[int]:
+def live_descendants(pid: int) -> list[int]:
     """Every live process below `pid` (torchrun's ranks run in sessions of their own, so a
     process-group kill would miss them)."""
     table = _process_table()
@@ -288,7 +288,7 @@ def _kill_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
             proc.stdin.close()  # end of input: a worker between requests stops by itself
         except OSError:
             pass
-    pids = [proc.pid, *descendants(proc.pid)] if proc.poll() is None else descendants(proc.pid)
+    pids = [proc.pid, *live_descendants(proc.pid)] if proc.poll() is None else live_descendants(proc.pid)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         left = [p for p in pids if (proc.poll() is None if p == proc.pid else alive(p))]
         if not left:
@@ -309,7 +309,7 @@ class TrainerWorker:
     """Client of a persistent trainer worker (see the module docstring for the protocol).
 
         with TrainerWorker(model_dir, cfg) as w:
-            metrics = w.update(traj_path, adv_path, out_dir, policy_version=1)
+            metrics = w.train_step(traj_path, adv_path, out_dir, policy_version=1)
 
     num_ranks: None = cfg.optimizer.num_ranks (torchrun when > 1). The worker's stderr
     (all ranks) goes to `log_path` (a temp file unless given). Errors: BadBatchError for
@@ -406,7 +406,7 @@ class TrainerWorker:
         """The worker and its descendants (torchrun ranks), while it runs."""
         if self.proc is None or self.proc.poll() is not None:
             return []
-        return [self.proc.pid, *descendants(self.proc.pid)]
+        return [self.proc.pid, *live_descendants(self.proc.pid)]
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
@@ -417,11 +417,12 @@ class TrainerWorker:
 
     # -- requests
 
-    def update(self, trajectories_path, advantages_path, out_dir, policy_version: int | None = None,
-               optimizer_steps: int | None = None, *, save_optimizer: bool = True,
-               timeout: float | None = None) -> dict:
-        """One GRPO update; returns its metrics. save_optimizer=False skips writing optimizer.pt
-        (the AdamW state stays in memory; stop() writes it into the latest dir)."""
+    def train_step(self, trajectories_path, advantages_path, out_dir, policy_version: int | None = None,
+                   optimizer_steps: int | None = None, *, save_optimizer: bool = True,
+                   timeout: float | None = None) -> dict:
+        """One GRPO update in the worker (a `grpo` request: `_handle_grpo`, then
+        `PolicyTrainer.grpo_update`); returns its metrics. save_optimizer=False skips writing
+        optimizer.pt (the AdamW state stays in memory; stop() writes it into the latest dir)."""
         reply = self._request({"op": "grpo", "trajectories": os.path.abspath(trajectories_path),
                                "advantages": os.path.abspath(advantages_path), "out": os.path.abspath(out_dir),
                                "policy_version": policy_version, "optimizer_steps": optimizer_steps,

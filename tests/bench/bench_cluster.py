@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--json-out")
     args = ap.parse_args()
 
-    from flows.grpo_iteration import collect_rollouts
+    from flows.stages import collect_rollouts
     from flows.prepare import prepare_run_context
     from tasks.cluster import RayGrading, connect
     from tasks.grading import grade_rollouts

@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     from flows.evaluate import evaluate
-    from flows.main import prefect_defaults
+    from flows.process import prefect_defaults
     from schemas.presets import parse_overrides, set_dotted
 
     prefect_defaults()

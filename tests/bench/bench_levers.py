@@ -77,8 +77,9 @@ def main():
     ap.add_argument("--json-out")
     args = ap.parse_args()
 
-    from flows.grpo_iteration import collect_rollouts, training_batch_ids
+    from flows.grpo_iteration import training_batch_ids
     from flows.prepare import prepare_run_context
+    from flows.stages import collect_rollouts
     from schemas.presets import load_config, parse_overrides
     from tasks.inference import PolicyClient, VLLMServer
     from tasks.policy.tokenizer import IM_END

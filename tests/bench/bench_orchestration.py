@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--checkpoint", help="policy to serve and train (default: the preset's warm-started base)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    from flows.main import prefect_defaults
+    from flows.process import prefect_defaults
 
     prefect_defaults()
     import pyarrow.parquet as pq
@@ -73,7 +73,7 @@ def main():
             pq.write_table(traj, tp)
             pq.write_table(adv, ap_)
             out = os.path.join(tmp, f"ckpt-{step}")
-            ctx.trainer.update(tp, ap_, out, policy_version=step)
+            ctx.trainer.train_step(tp, ap_, out, policy_version=step)
             ctx.loop.call(ctx.client.reload_weights(out, step))
             plain_times.append(time.perf_counter() - t0)
             print(f"repeat {rep}: flow {flow_times[-1]:.1f} s, plain {plain_times[-1]:.1f} s", flush=True)

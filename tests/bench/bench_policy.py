@@ -175,7 +175,7 @@ def main():
             for ranks, name in ((1, "trainer 1 rank"), (2, "trainer 2 ranks (FSDP2 gloo)")):
                 t = time.perf_counter()
                 with TrainerWorker(work / "v0", cfg, num_ranks=ranks, env=env if ranks == 1 else None) as w:
-                    m = w.update(work / "traj.parquet", work / "adv.parquet", work / f"out{ranks}")
+                    m = w.train_step(work / "traj.parquet", work / "adv.parquet", work / f"out{ranks}")
                 m["process_seconds"] = time.perf_counter() - t
                 runs[name].append(m)
             print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(

@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--json-out")
     args = ap.parse_args()
 
-    from flows.grpo_iteration import collect_rollouts
+    from flows.stages import collect_rollouts
     from flows.prepare import prepare_run_context
 
     ctx, base = prepare_run_context("mini", {}, f"bench-rollouts-{int(time.time())}",
