@@ -83,17 +83,18 @@ def test_aborted_and_rejected_updates_leave_state_untouched(tmp_path):
     v0 = make_policy_dir(tmp_path / "v0")
     t1, a1 = step_files(tmp_path, v0, cfg, 1)
     trainer = PolicyTrainer(v0, cfg)
-    trainer.grpo_step(pq.read_table(t1), pq.read_table(a1), tmp_path / "v1")  # AdamW state now non-empty
+    # AdamW state now non-empty
+    trainer.grpo_update(*trainer.prepare(pq.read_table(t1), pq.read_table(a1)), tmp_path / "v1")
     tp, ap = step_files(tmp_path, tmp_path / "v1", cfg, 2, poison=True)
     before = trainer_state(trainer)
     # Two optimizer steps: the first is taken, the second (with the poisoned rollout) aborts.
     with pytest.raises(UpdateAborted, match="non-finite loss"):
-        trainer.grpo_step(pq.read_table(tp), pq.read_table(ap), tmp_path / "v2", optimizer_steps=2)
+        trainer.grpo_update(*trainer.prepare(pq.read_table(tp), pq.read_table(ap)), tmp_path / "v2", optimizer_steps=2)
     assert_same_state(before, trainer_state(trainer))
     with pytest.raises(UpdateAborted):
-        trainer.grpo_step(pq.read_table(tp), pq.read_table(ap), tmp_path / "v2")
+        trainer.grpo_update(*trainer.prepare(pq.read_table(tp), pq.read_table(ap)), tmp_path / "v2")
     with pytest.raises(JoinError):
-        trainer.grpo_step(pq.read_table(t1), pq.read_table(a1).slice(0, 5), tmp_path / "v2")
+        trainer.grpo_update(*trainer.prepare(pq.read_table(t1), pq.read_table(a1).slice(0, 5)), tmp_path / "v2")
     assert_same_state(before, trainer_state(trainer))
     assert not (tmp_path / "v2").exists() and trainer.version == 1 and trainer.model_dir == tmp_path / "v1"
 

@@ -66,12 +66,6 @@ class PolicyTrainer:
     def prepare(self, trajectories, advantages) -> tuple[list[Sample], int]:
         return prepare_samples(trajectories, advantages, self.vocab_size)
 
-    def grpo_step(self, trajectories, advantages, out_dir, **kw) -> dict:
-        """prepare + grpo_update, from tables."""
-        t0 = time.perf_counter()
-        samples, num_masked = self.prepare(trajectories, advantages)
-        return self.grpo_update(samples, num_masked, out_dir, t0=t0, **kw)
-
     def grpo_update(self, samples: list[Sample], num_masked: int, out_dir: str | os.PathLike, *,
                     optimizer_steps: int | None = None, policy_version: int | None = None,
                     save_optimizer: bool = True, t0: float | None = None) -> dict:
