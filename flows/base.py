@@ -5,7 +5,8 @@
     dataset          generated and verified in sandboxes (the same build `make run` does)
     tokenizer+init   a tokenizer trained on the train split's text and the tiny model's random weights
     demonstrations   scripted-solver episodes on the train split and the warm-start pool
-    warm-start       the preset's SFT recipe (flows/prepare.py: warm_start_stages)
+    warm-start       the preset's warm-start recipe (schemas/presets.py: RECIPES; `sft.*` overrides),
+                     its stages one SFT run each (schemas/recipe.py; flows/prepare.py: warm_start_chain)
     freeze           the weights in bf16 + tokenizer + manifest.json (tasks/policy/base.py)
     evaluate         pass@k on every validation task, recorded in the manifest with the machine
 
@@ -24,23 +25,14 @@ import json
 import os
 import pathlib
 import platform
-import subprocess
 import sys
 import time
 
 from prefect import flow
 
-from flows.runtime import log
+from flows.runtime import code_version, log
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def code_version() -> str:
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], capture_output=True,
-                              text=True, cwd=REPO).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def machine() -> str:
@@ -68,14 +60,14 @@ def _sft_stages(store, key: str) -> list[dict]:
     return stages[::-1]
 
 
-def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[str, str, list[dict], dict]:
-    """Extend a frozen base by what cfg's chain adds to the chain that built it: more restart cycles
-    (then the habit phase again, as the chain ends with it) and/or a clean phase. The same init (its
-    key checked against the base's), demonstrations and stage settings as a rebuild from nothing,
+def continue_base(cfg, recipe, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[str, str, list[dict], dict]:
+    """Extend a frozen base by the stages `recipe` has beyond the recipe that built it: more restart
+    cycles (then the habit phase again, as the chain ends with it) and/or a clean phase. The same init
+    (its key checked against the base's), demonstrations and stage settings as a rebuild from nothing,
     from the frozen bf16 weights. Returns (init key, the last stage's store key, every stage, what
     it continued from)."""
-    from flows.prepare import base_model, dataset_id_of, demonstrations, later_stages
-    from schemas.config import SFTConfig
+    from flows.prepare import base_model, dataset_id_of, warm_start_chain
+    from schemas.recipe import WarmStartRecipe, stages
     from tasks.dataset.build import tasks_sha256
     from tasks.policy import base
 
@@ -85,20 +77,19 @@ def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[s
     base.check_files(base_dir, manifest)
     base.check_dataset(base_dir, manifest, dataset_id_of(tasks_key),
                        tasks_sha256(store.read_table(tasks_key, stage="tasks")))
-    stages, built = manifest["recipe"]["stages"], SFTConfig(**manifest["recipe"]["sft"])
-    more_cycles = cfg.sft.restart_cycles > built.restart_cycles
-    if not more_cycles and (not cfg.sft.clean_steps or any(s["stage"] == "clean phase" for s in stages)):
+    done, built = manifest["recipe"]["stages"], WarmStartRecipe(**manifest["recipe"]["sft"])
+    more_cycles = recipe.restart_cycles > built.restart_cycles
+    if not more_cycles and (not recipe.clean_steps or any(s["stage"] == "clean phase" for s in done)):
         raise base.BaseCheckpointError(
             f"{base_dir} already ends with every stage of this recipe: raise sft.restart_cycles above "
             f"{built.restart_cycles} or set sft.clean_steps for a clean phase")
     # What may differ: the stages added. Everything else is the recipe the base was built with.
-    added = {"restart_cycles": built.restart_cycles, "clean_steps": 0, "clean_lr": SFTConfig().clean_lr}
-    want = cfg.sft.model_copy(update=added).model_dump()
-    built = built.model_dump()
-    differ = sorted(k for k in want if want[k] != built[k])
+    added = {"restart_cycles", "clean_steps", "clean_lr"}
+    want, had = recipe.model_dump(exclude=added), built.model_dump(exclude=added)
+    differ = sorted(k for k in want if want[k] != had[k])
     if differ:
         raise base.BaseCheckpointError(f"{base_dir} was built with other sft settings than this recipe's earlier "
-                                       f"stages: " + ", ".join(f"{k} {built[k]} != {want[k]}" for k in differ))
+                                       f"stages: " + ", ".join(f"{k} {had[k]} != {want[k]}" for k in differ))
     init_key = base_model(cfg, store, tasks_key)
     if init_key != manifest["recipe"]["init"]:
         raise base.BaseCheckpointError(f"{base_dir} starts from {manifest['recipe']['init']}, this config from {init_key}")
@@ -108,15 +99,27 @@ def continue_base(cfg, store, tasks_key: str, base_dir: pathlib.Path) -> tuple[s
     if not store.exists(frozen + ".commit"):
         store.put_dir(frozen, base_dir)
         store.put_json(frozen + ".commit", {"built_at": time.time(), "imported_from": str(base_dir),
-                                            "stages": [s["key"] for s in stages]})
-    demos_key = demonstrations(cfg, store, tasks_key, init_key) if more_cycles else None
-    key = later_stages(cfg, store, tasks_key, init_key, demos_key, frozen, cycles_done=built["restart_cycles"],
-                       habit=more_cycles)
+                                            "stages": [s["key"] for s in done]})
+    # The restart cycles the base lacks, then the phases (its habit phase again only after new cycles).
+    chain = stages(recipe)
+    cycles, phases = chain[1:1 + recipe.restart_cycles], chain[1 + recipe.restart_cycles:]
+    todo = cycles[built.restart_cycles:] + [s for s in phases if more_cycles or s.name != "habit phase"]
+    key = warm_start_chain(cfg, store, tasks_key, init_key, todo, start_key=frozen)
     continued = {"dir": str(base_dir.relative_to(REPO) if base_dir.is_relative_to(REPO) else base_dir),
                  "code_version": manifest["code_version"], "built_at": manifest["built_at"],
                  "build_seconds": manifest.get("build_seconds"), "evaluation": manifest["evaluation"],
                  "sha256": digest}
-    return init_key, key, stages + _sft_stages(store, key), continued
+    return init_key, key, done + _sft_stages(store, key), continued
+
+
+def base_configs(preset: str, overrides: dict) -> tuple:
+    """(run config, warm-start recipe) of `make base`: the `sft` overrides are the recipe's, and the
+    base is built, not loaded (model.path None, recorded in `overrides`)."""
+    from schemas.presets import load_config, load_recipe, set_dotted
+
+    set_dotted(overrides, "model.path", None)
+    cfg = load_config(preset, {k: v for k, v in overrides.items() if k != "sft"})
+    return cfg, load_recipe(preset, overrides.get("sft"))
 
 
 def _dotted(tree: dict, prefix: str = ""):
@@ -132,27 +135,26 @@ def build_base(preset: str = "mini", overrides: dict | None = None, out: str | N
     base `continue_from`), freeze it into `out` and measure it."""
     from flows.prepare import _local_model, dataset_id_of, prepare_config
     from flows.runtime import RunContext, load_tasks, work_root
-    from schemas.presets import load_config, set_dotted
     from tasks.dataset.build import tasks_sha256
     from tasks.evaluation import base_eval_id
     from tasks.policy import base
     from tasks.storage import Store
 
     overrides = dict(overrides or {})
-    set_dotted(overrides, "model.path", None)  # build, do not load
-    cfg = load_config(preset, overrides)
+    cfg, recipe = base_configs(preset, overrides)
     out_dir = pathlib.Path(out or REPO / "models" / f"{preset}-base").resolve()
     t0 = time.monotonic()
     store = Store.from_config(cfg.storage)
     command = "make base"
     if continue_from:
         tasks_key = prepare_config(cfg, dataset_only=True)["tasks"]
-        init_key, base_key, stages, continued = continue_base(cfg, store, tasks_key, pathlib.Path(continue_from).resolve())
+        init_key, base_key, stages, continued = continue_base(cfg, recipe, store, tasks_key,
+                                                              pathlib.Path(continue_from).resolve())
         command = f"make base ARGS='--from {continued['dir']}"
         command += "".join(f" {k}={v}" for k, v in _dotted(overrides) if k != "model.path" and
                            not k.startswith("storage.")) + "'"
     else:
-        prepared = prepare_config(cfg)
+        prepared = prepare_config(cfg, recipe=recipe)
         tasks_key, init_key, base_key = prepared["tasks"], prepared["model"], prepared["base_model"]
         stages, continued = _sft_stages(store, base_key), None
     tasks = store.read_table(tasks_key, stage="tasks")
@@ -163,7 +165,7 @@ def build_base(preset: str = "mini", overrides: dict | None = None, out: str | N
         "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "dataset": {"id": dataset_id_of(tasks_key), "tasks_sha256": tasks_sha256(tasks),
                     "num_tasks": tasks.num_rows, "config": cfg.dataset.model_dump()},
-        "recipe": {"model": cfg.model.model_dump(), "sft": cfg.sft.model_dump(),
+        "recipe": {"model": cfg.model.model_dump(), "sft": recipe.model_dump(),
                    "prompt_style": cfg.agent.prompt_style, "init": init_key, "stages": stages},
     }
     if continued:
@@ -211,11 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
     from flows.process import prefect_defaults
-    from schemas.presets import ConfigError, load_config, parse_overrides
+    from schemas.presets import ConfigError, parse_overrides
 
     prefect_defaults()
     try:
-        load_config(args.preset, args.overrides)
+        base_configs(args.preset, parse_overrides(args.overrides))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

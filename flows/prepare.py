@@ -4,14 +4,16 @@
     dataset          tasks table (+ environment archives), verified in sandboxes
     base model       tokenizer trained on train-split text + a tiny Qwen-family model (random init)
     demonstrations   scripted-solver episodes on train tasks (and on the warm-start pool of extra
-                     generated tasks, sft.pool_tasks), through the real agent loop and sandboxes
-    warm start       supervised fine-tuning on the demonstrations, then (sft.restart_cycles) more
-                     cosine cycles with a fresh optimizer, then (sft.habit_steps) a short habit
-                     phase on the privileged demonstrator's blind edits -> the base checkpoint
+                     generated tasks), through the real agent loop and sandboxes
+    warm start       the recipe's SFT stages in order (schemas/recipe.py: warm start, restart cycles,
+                     habit phase, clean phase), each from the one before -> the base checkpoint
 
-Every piece is keyed by a hash of what it depends on, so a second `make run`
-skips it; nothing here ever reads validation tasks except the dataset build and the
-warm-start pool, which reads their leakage keys only to keep every pool task unlike them.
+A run with model.path set starts from that checkpoint and builds neither of the last two; one
+without builds them with its preset's warm-start recipe, as `make base` (flows/base.py) does.
+Every piece is keyed by a hash of what it depends on (stage and demonstration keys:
+schemas/recipe.py), so a second `make run` skips it; nothing here ever reads validation tasks
+except the dataset build and the warm-start pool, which reads their leakage keys only to keep
+every pool task unlike them.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 
 from flows.runtime import EventLoopThread, Progress, RunContext, config_json, load_tasks, log, work_root
-from schemas.config import RunConfig, SFTConfig
-from schemas.presets import load_config
+from schemas.config import RunConfig
+from schemas.presets import load_config, load_recipe
+from schemas.recipe import STORE_VERSION, Demonstrations, SFTStage, WarmStartRecipe, stages
 from tasks.storage import Store
 
 TOKENIZER_CORPUS_VERSION = 4
@@ -119,22 +122,28 @@ def _train_corpus(store: Store, tasks: dict[str, dict], style: str):
 @task(name="base-model", cache_policy=NONE)
 def base_model(cfg: RunConfig, store: Store, tasks_key: str) -> str:
     """The untrained policy: a tokenizer trained on the benchmark's train text + random weights."""
-    from tasks.policy.model import build_policy
+    from tasks.policy.model import create_tiny_policy
 
     key = f"models/init-{_digest(tasks_key, cfg.model.model_dump(), TOKENIZER_CORPUS_VERSION, cfg.agent.prompt_style)}"
     if store.exists(key + ".commit"):
         return key
     t0 = time.monotonic()
     out = work_root() / "prepare" / pathlib.PurePosixPath(key).name
-    build_policy(cfg.model, out, corpus=_train_corpus(store, load_tasks(store, tasks_key), cfg.agent.prompt_style))
+    create_tiny_policy(cfg.model, out, corpus=_train_corpus(store, load_tasks(store, tasks_key), cfg.agent.prompt_style))
     store.put_dir(key, out)
     store.put_json(key + ".commit", {"built_at": time.time(), "model": cfg.model.model_dump()})
     log(f"prepare: tiny {cfg.model.arch} model + tokenizer at {store.uri(key)} ({time.monotonic() - t0:.0f} s)")
     return key
 
 
+def demonstrations_key(tasks_key: str, model_key: str, prompt_style: str, demos: Demonstrations) -> str:
+    """Demonstrations of the init model_key's tokenizer and prompt style with `demos`' own settings."""
+    return (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
+            f"{_digest(STORE_VERSION, model_key, prompt_style, demos.model_dump())}.parquet")
+
+
 @task(name="demonstrations", cache_policy=NONE)
-def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str) -> str:
+def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, demos: Demonstrations) -> str:
     """Scripted-solver trajectories on the train split (and the warm-start pool), through the real
     loop, tools and sandboxes."""
 
@@ -143,20 +152,15 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     from tasks.agent.scripted import ScriptedSolver
     from tasks.dataset.build import build_warm_start_pool
     from tasks.dataset.mini import gold_patch
-    from tasks.rollout import RolloutSpec, collect
+    from tasks.rollout import RolloutSpec, collect, scripted_episodes
 
-    n, pool_n, foreign = cfg.sft.demonstrations_per_task, cfg.sft.pool_tasks, cfg.sft.pool_foreign_names
-    # Settings added later join the digest only when set, so older stores keep their keys.
-    extra = ([pool_n] if pool_n else []) + ([foreign] if pool_n and foreign else [])
-    extra += [f"blind={cfg.sft.blind_edit_demonstrations}"] if cfg.sft.blind_edit_demonstrations else []
-    key = (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
-           f"{_digest(model_key, n, cfg.agent.prompt_style, cfg.sft.seed, *extra)}.parquet")
+    key = demonstrations_key(tasks_key, model_key, cfg.agent.prompt_style, demos)
     if store.is_committed(key):
         return key
     t0 = time.monotonic()
     tasks = load_tasks(store, tasks_key)
     train = [t for t in tasks.values() if t["split"] == "train"]
-    pool_key = build_warm_start_pool(cfg.dataset, pool_n, store, cfg.sandbox, foreign)
+    pool_key = build_warm_start_pool(cfg.dataset, demos.pool_tasks, store, cfg.sandbox, demos.pool_foreign_names)
     pool = store.read_table(pool_key, stage="tasks").to_pylist() if pool_key else []
     if pool:
         log(f"prepare: warm-start pool of {len(pool)} generated tasks at {store.uri(pool_key)} "
@@ -164,21 +168,21 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     tokenizer = AutoTokenizer.from_pretrained(_local_model(cfg, store, model_key))
 
     def solver(task, sample, sandbox):
-        rng = random.Random(f"{cfg.sft.seed}:{task['instance_id']}:{sample}")
+        rng = random.Random(f"{demos.seed}:{task['instance_id']}:{sample}")
         return ScriptedSolver(task, gold_patch(task), sandbox, tokenizer, rng, max_turns=cfg.agent.max_turns,
-                              blind_rate=cfg.sft.blind_edit_demonstrations)
+                              blind_rate=demos.blind_edits)
 
     tables = []
     loop = EventLoopThread()
     try:
-        for rows, samples in ((train, n), (pool, 1)):
+        for rows, samples in ((train, demos.per_task), (pool, 1)):
             if not rows or not samples:
                 continue
             spec = RolloutSpec(run_id="demonstrations", step=0, split="train", samples_per_task=samples,
                                temperature=0.0, top_p=1.0)
             what = "demonstrations: " + ("train tasks" if rows is train else "warm-start pool")
-            tables.append(loop.call(collect(rows, spec, None, tokenizer, cfg, store, policy_factory=solver,
-                                            concurrency=max(2, cfg.sandbox.concurrency * 2),
+            episodes = scripted_episodes(solver, spec, tokenizer, cfg, store)
+            tables.append(loop.call(collect(rows, spec, episodes, max(2, cfg.sandbox.concurrency * 2),
                                             on_episode=Progress(what, len(rows) * samples, "episodes", 20))))
     finally:
         loop.close()
@@ -195,80 +199,42 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str)
     return key
 
 
-# SFT settings added after stores were first built: they join a checkpoint's key only when set.
-_LATER_SFT_FIELDS = ("mistake_demonstrations", "blind_edit_demonstrations", "restart_cycles", "habit_steps",
-                     "habit_lr", "habit_blind_edits", "seed", "clean_steps", "clean_lr")
+def stage_key(parent_key: str, demos_key: str, stage: SFTStage) -> str:
+    """A stage's checkpoint: its parent's, its demonstrations and its own settings (not its name)."""
+    return f"models/base-{_digest(STORE_VERSION, parent_key, demos_key, stage.model_dump(exclude={'name'}))}"
 
 
-def _sft_key(model_key: str, demos_key: str, sft, seed: int) -> str:
-    default = type(sft)()
-    settings = {k: v for k, v in sft.model_dump().items()
-                if k not in _LATER_SFT_FIELDS or v != getattr(default, k)}
-    return f"models/base-{_digest(model_key, demos_key, settings, seed)}"
-
-
-@task(name="warm-start", cache_policy=NONE)
-def warm_start(cfg: RunConfig, store: Store, model_key: str, demos_key: str, stage: str = "warm start") -> str:
-    """Supervised fine-tuning of model_key on the demonstrations with cfg.sft: one SFT run, one checkpoint."""
+@task(name="sft-stage", cache_policy=NONE)
+def sft_stage(cfg: RunConfig, store: Store, parent_key: str, demos_key: str, stage: SFTStage) -> str:
+    """One SFT run of the warm start (tasks/policy/sft.py) from checkpoint parent_key: one checkpoint."""
     from tasks.policy.worker import TrainerWorker
 
-    key = _sft_key(model_key, demos_key, cfg.sft, cfg.sft.seed)
+    key = stage_key(parent_key, demos_key, stage)
     if store.exists(key + ".commit"):
         return key
     t0 = time.monotonic()
     out = work_root() / "prepare" / pathlib.PurePosixPath(key).name
     out.parent.mkdir(parents=True, exist_ok=True)
-    with TrainerWorker(_local_model(cfg, store, model_key), cfg, mode="sft",
+    with TrainerWorker(_local_model(cfg, store, parent_key), cfg, mode="sft",
                        log_path=work_root() / "prepare" / "sft-worker.log") as worker:
-        metrics = worker.sft(store.local_path(demos_key), out)
+        metrics = worker.sft(store.local_path(demos_key), out, stage)
     store.put_dir(key, out)
-    store.put_json(key + ".commit", {"built_at": time.time(), "stage": stage, "from": model_key,
-                                     "demonstrations": demos_key, "sft": cfg.sft.model_dump(), "metrics": metrics})
-    log(f"prepare: {stage} {store.uri(key)}: {json.dumps(metrics, default=str)[:200]} "
+    store.put_json(key + ".commit", {"built_at": time.time(), "stage": stage.name, "from": parent_key,
+                                     "demonstrations": demos_key, "sft": stage.model_dump(), "metrics": metrics})
+    log(f"prepare: {stage.name} {store.uri(key)}: {json.dumps(metrics, default=str)[:200]} "
         f"({time.monotonic() - t0:.0f} s)")
     return key
 
 
-# A stage's own settings: the later stages' are reset, so that adding a stage keeps earlier keys.
-_BEFORE_POOL_PHASES = {"restart_cycles": 0, "habit_steps": 0, "clean_steps": 0, "clean_lr": SFTConfig().clean_lr}
-
-
-def warm_start_stages(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, demos_key: str) -> str:
-    """The base checkpoint: the warm start, its restart cycles, the habit phase, then the clean phase
-    (schemas/config.py: SFTConfig)."""
-    key = warm_start(cfg.model_copy(update={"sft": cfg.sft.model_copy(update=_BEFORE_POOL_PHASES)}), store,
-                     model_key, demos_key)
-    return later_stages(cfg, store, tasks_key, model_key, demos_key, key)
-
-
-def later_stages(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, demos_key: str, key: str,
-                 cycles_done: int = 0, habit: bool = True) -> str:
-    """From checkpoint `key`: restart cycles cycles_done+1.. sft.restart_cycles (each a fresh AdamW,
-    max_steps / cosine_cycles steps at lr), the habit phase (if `habit`), the clean phase."""
-    cycle = cfg.sft.model_copy(update={**_BEFORE_POOL_PHASES, "cosine_cycles": 1,
-                                       "max_steps": (cfg.sft.max_steps or 0) // cfg.sft.cosine_cycles or None})
-    for i in range(cycles_done, cfg.sft.restart_cycles):
-        key = warm_start(cfg.model_copy(update={"sft": cycle}), store, key, demos_key,
-                         stage=f"restart cycle {i + 1}/{cfg.sft.restart_cycles}")
-    if cfg.sft.habit_steps and habit:
-        key = pool_phase(cfg, store, tasks_key, model_key, key, "habit phase")
-    if cfg.sft.clean_steps:
-        key = pool_phase(cfg, store, tasks_key, model_key, key, "clean phase")
+def warm_start_chain(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, chain: list[SFTStage],
+                     start_key: str | None = None) -> str:
+    """The stages in order (schemas/recipe.py: stages), each from the one before's checkpoint, the first
+    from start_key (default: the init model_key, whose tokenizer every demonstration uses)."""
+    key = start_key or model_key
+    for stage in chain:
+        demos_key = demonstrations(cfg, store, tasks_key, model_key, stage.demonstrations)
+        key = sft_stage(cfg, store, key, demos_key, stage)
     return key
-
-
-def pool_phase(cfg: RunConfig, store: Store, tasks_key: str, model_key: str, key: str, stage: str) -> str:
-    """One SFT run from `key` on the warm-start pool's demonstrations only: the habit phase (a share
-    of them edit unread code) or the clean phase (none do)."""
-    habit = stage == "habit phase"
-    sft = cfg.sft.model_copy(update={
-        **_BEFORE_POOL_PHASES, "demonstrations_per_task": 0, "cosine_cycles": 1,
-        "blind_edit_demonstrations": cfg.sft.habit_blind_edits if habit else 0.0,
-        "lr": cfg.sft.habit_lr if habit else cfg.sft.clean_lr,
-        "max_steps": cfg.sft.habit_steps if habit else cfg.sft.clean_steps})
-    phase_cfg = cfg.model_copy(update={"sft": sft})
-    demos = demonstrations(phase_cfg, store, tasks_key, model_key)
-    return warm_start(phase_cfg, store, key, demos, stage=stage)
 
 
 def _local_model(cfg: RunConfig, store: Store, key: str) -> pathlib.Path:
@@ -290,9 +256,12 @@ def prepare(preset: str = "mini", overrides: dict | None = None) -> dict:
     return prepare_config(cfg)
 
 
-def prepare_config(cfg: RunConfig, dataset_only: bool = False) -> dict:
+def prepare_config(cfg: RunConfig, dataset_only: bool = False, recipe: WarmStartRecipe | None = None) -> dict:
+    """Without model.path the base is built first with `recipe` (default: the preset's, schemas/presets.py)."""
     store = Store.from_config(cfg.storage)
     shipped = shipped_base(cfg) if cfg.model.path and not dataset_only else None
+    if not cfg.model.path and not dataset_only:
+        recipe = recipe or load_recipe(cfg.preset)
     sandbox_image(cfg)
     tasks_key = dataset(cfg, store)
     if dataset_only:
@@ -311,8 +280,9 @@ def prepare_config(cfg: RunConfig, dataset_only: bool = False) -> dict:
                 f"built by {manifest['built_by']['command']} at {manifest['code_version']}; files and dataset checked)")
         return out
     model_key = base_model(cfg, store, tasks_key)
-    demos_key = demonstrations(cfg, store, tasks_key, model_key)
-    base_key = warm_start_stages(cfg, store, tasks_key, model_key, demos_key)
+    chain = stages(recipe)
+    demos_key = demonstrations(cfg, store, tasks_key, model_key, chain[0].demonstrations)
+    base_key = warm_start_chain(cfg, store, tasks_key, model_key, chain)
     return {"tasks": tasks_key, "model": model_key, "demonstrations": demos_key, "base_model": base_key}
 
 

@@ -35,15 +35,16 @@ def fresh_tasks(ctx, n: int, seed: int) -> list[dict]:
     """At least n generated tasks (pools of seeds seed, seed+1, ... until there are n), sharing no
     buggy function or issue text with any task the benchmark or the SFT pool holds; their
     environments stored like the pool's. The same arguments give the same tasks in the same order."""
+    from schemas.presets import load_recipe
     from tasks.dataset import mini
     from tasks.dataset.build import mini_dataset_id, pool_key
 
-    cfg = ctx.cfg
+    cfg, recipe = ctx.cfg, load_recipe(ctx.cfg.preset)
     benchmark = list(ctx.tasks.values())
     seen = set()
     did = mini_dataset_id(cfg.dataset, cfg.sandbox.image)
-    sft_pool = pool_key(did, cfg.sft.pool_tasks, cfg.sft.pool_foreign_names)
-    sft_rows = ctx.store.read_table(sft_pool, stage="tasks").to_pylist() if cfg.sft.pool_tasks else []
+    sft_pool = pool_key(did, recipe.pool_tasks, recipe.pool_foreign_names)
+    sft_rows = ctx.store.read_table(sft_pool, stage="tasks").to_pylist() if recipe.pool_tasks else []
     for row in benchmark + sft_rows:
         seen.add(json.loads(row["parsed_commit_content"])["metadata"]["buggy_function"])
         seen.add(row["problem_statement"])

@@ -288,86 +288,6 @@ class OptimizerConfig(_Strict):
     num_ranks: int = Field(1, ge=1)
 
 
-class SFTConfig(_Strict):
-    lr: float = Field(1e-3, gt=0)
-    # A wall-clock budget; None = none, so the schedule depends on steps only and a base built on
-    # a loaded or slower machine gets the same learning rates at the same steps.
-    minutes: float | None = Field(4.0, gt=0)
-    max_steps: int | None = None
-    batch_size: int = Field(32, ge=1)
-    # Demonstrations per benchmark training task. 0 = the warm start sees none of the tasks RL
-    # trains on (as a real base model has not seen the RL prompts), only the pool's: measured, GRPO
-    # on prompts the warm start was fine-tuned on learns those instances and nothing that transfers.
-    demonstrations_per_task: int = Field(2, ge=0)
-    # Mini benchmark: demonstrations on up to this many extra generated training-distribution tasks
-    # (one each), none of which is a benchmark task or shares a validation task's keys
-    # (tasks/dataset/mini.py: generate_pool). 0 = the benchmark's training tasks only.
-    pool_tasks: int = Field(0, ge=0)
-    # Chance that each argument/local name of a pool task's function is drawn from the whole shared
-    # vocabulary instead of that function's own few names: recalling names from memory is then
-    # wrong, and only copying them from the viewed file is right. 0 = the benchmark's own draws.
-    pool_foreign_names: float = Field(0.0, ge=0.0, le=1.0)
-    # Share of demonstrations in which the scripted solver, which knows the file, edits without
-    # viewing or searching it first (tasks/agent/scripted.py): a student that imitates them learns to
-    # edit unread code now and then, a habit more imitation keeps and the reward removes. 0 = none.
-    blind_edit_demonstrations: float = Field(0.0, ge=0.0, le=1.0)
-    # Loss weight of the tokens the policy did not generate (system prompt, issue, tool outputs):
-    # 0 = completion-only SFT. A randomly initialised model learns to copy from its context
-    # (old_str from the viewed file) only from language modelling that context.
-    context_loss_weight: float = Field(0.0, ge=0.0, le=1.0)
-    # Learning rate from lr down to 0 along a half cosine over the run (whichever of max_steps or
-    # minutes ends it first); False = constant lr.
-    cosine_decay: bool = False
-    # With cosine_decay: restart the cosine this many times over the run (equal parts, warm restarts
-    # as in SGDR); the last part still ends at 0.
-    cosine_cycles: int = Field(1, ge=1)
-    # Padded tokens per forward/backward (None: optimizer.micro_batch_tokens). The loss is normalised
-    # over the whole batch, so this changes speed, not the update: on 2 CPU cores, batches of 8
-    # demonstrations of 450-770 tokens ran 1.3x faster split into length-sorted micro-batches of
-    # <= 1,600 tokens than as one padded block (tests/bench/bench_sft.py).
-    micro_batch_tokens: int | None = Field(None, ge=64)
-    # After the warm start, this many more cosine cycles of max_steps / cosine_cycles steps at lr on
-    # the same demonstrations, each a separate run with a fresh AdamW: measured on the mini
-    # benchmark, restarting the optimizer with the learning rate learns more than carrying it.
-    restart_cycles: int = Field(0, ge=0)
-    # The habit phase, last: habit_steps SFT steps (lr habit_lr, cosine to 0) on demonstrations of
-    # the warm-start pool only, a share habit_blind_edits of which edit code without reading it
-    # (blind_edit_demonstrations). The student picks up the privileged demonstrator's habit and
-    # loses some of its pass@k; imitation keeps the habit, a reward for passing tests removes it.
-    # This is what gives GRPO something to lift on the mini benchmark (README: status). 0 = none.
-    habit_steps: int = Field(0, ge=0)
-    habit_lr: float = Field(5e-4, gt=0)
-    habit_blind_edits: float = Field(0.5, ge=0.0, le=1.0)
-    # The clean phase, after the habit phase: clean_steps SFT steps (lr clean_lr, cosine to 0) on the
-    # pool's demonstrations with no blind edits: it takes the habit back (on the mini benchmark 20
-    # steps at 1e-4 take back nearly all of it: docs/history.md). 0 = none.
-    clean_steps: int = Field(0, ge=0)
-    clean_lr: float = Field(2e-4, gt=0)
-    # The warm start's own seed (demonstrations' choices, SFT's init and data order): the run's
-    # `seed` varies only the timed GRPO run, whose starting checkpoint is fixed, as the reference's is.
-    seed: int = 0
-
-    @model_validator(mode="after")
-    def _has_an_end(self):
-        if self.minutes is None and self.max_steps is None:
-            raise ValueError("sft needs max_steps or minutes: with neither the warm start never ends")
-        return self
-
-    @model_validator(mode="after")
-    def _habit_needs_pool(self):
-        if (self.habit_steps or self.clean_steps) and self.pool_tasks == 0:
-            raise ValueError("sft.habit_steps or sft.clean_steps > 0 needs sft.pool_tasks > 0: their "
-                             "demonstrations come from the warm-start pool")
-        return self
-
-    @model_validator(mode="after")
-    def _has_demonstrations(self):
-        if self.demonstrations_per_task == 0 and self.pool_tasks == 0:
-            raise ValueError("sft.demonstrations_per_task=0 needs sft.pool_tasks > 0: "
-                             "the warm start would have no demonstrations")
-        return self
-
-
 class EvalConfig(_Strict):
     k: int = Field(4, ge=1)
     # Samples per validation task; pass@k is estimated without bias when > k.
@@ -411,7 +331,7 @@ class EvalConfig(_Strict):
 
 
 # (section, option) -> the value it had in every preset, for options since removed.
-RETIRED = {("sft", "mistake_demonstrations"): 0.0, (None, "run_id"): None}
+RETIRED = {(None, "run_id"): None}
 
 
 class RunConfig(_Strict):
@@ -426,7 +346,6 @@ class RunConfig(_Strict):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
@@ -457,6 +376,9 @@ class RunConfig(_Strict):
                 if tree.pop(key) != off:
                     raise ValueError(f"{section + '.' if section else ''}{key} was removed (it was {off} in every preset)")
                 data = tree if section is None else {**data, section: tree}
+        # The warm-start recipe moved to schemas/recipe.py (make base's, not the run's): stored
+        # runs' configs that still carry it load without it.
+        data.pop("sft", None)
         return data
 
     @model_validator(mode="after")

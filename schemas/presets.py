@@ -6,7 +6,8 @@
 
 `load_config("mini", ["grpo.prompts_per_step=8", "seed=3"])` applies overrides
 (`section.field=value`, values parsed as JSON when they parse, else as strings)
-and validates the result before anything starts.
+and validates the result before anything starts. `load_recipe("mini", {"restart_cycles": 3})` does
+the same for a preset's warm-start recipe (RECIPES, `sft.*` on `make base`'s command line).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.config import RunConfig
+from schemas.recipe import WarmStartRecipe
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -32,7 +34,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sandbox": {"test_timeout_s": 60, "concurrency": 2},
         "grpo": {"prompts_per_step": 2, "generations_per_prompt": 4},
         "optimizer": {"lr": 5e-5, "grad_clip": 1.0, "micro_batch_tokens": 8192},
-        "sft": {"minutes": 0.25, "max_steps": 20, "batch_size": 8, "demonstrations_per_task": 1},
         # Inline: an evaluation inside the loop after every step (the tests read them per step).
         "eval": {"k": 4, "samples_per_task": 4, "start_step": 1, "every_steps": 1, "mode": "inline"},
     },
@@ -44,7 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # instance of a trained function + bug family (docs/history.md: what the harder splits gave).
         "dataset": {"num_train": 700, "num_validation": 251, "difficulty": 0.0, "split": "text"},
         # The shipped base (models/mini-base/manifest.json), as MLPerf gives every submitter one
-        # checkpoint; the architecture below and the `sft` section are the recipe `make base` built it with.
+        # checkpoint; the architecture below and RECIPES["mini"] are the recipe `make base` built it with.
         "model": {"path": "models/mini-base", "hidden_size": 256, "num_layers": 4, "num_heads": 4,
                   "num_kv_heads": 2, "intermediate_size": 768, "num_experts": 8, "num_experts_per_tok": 2,
                   "vocab_size": 4096, "max_position_embeddings": 4096},
@@ -61,15 +62,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grpo": {"prompts_per_step": 16, "generations_per_prompt": 8, "async_rollouts": False,
                  "filter_zero_variance_groups": True},
         "optimizer": {"lr": 5e-5, "grad_clip": 1.0, "micro_batch_tokens": 16384},
-        # make base's warm-start recipe (flows/prepare.py: warm_start_stages; why each part, in
-        # docs/history.md): 2,880 steps on the train and pool demonstrations with the loss on the
-        # context too, the lr falling to 0 along a cosine three times; two more 960-step cycles, each
-        # with a fresh AdamW; then the habit phase (320 steps at 5e-4 on pool demonstrations, half
-        # of which edit unread code). Steps only, no time budget: the same schedule on any machine.
-        "sft": {"minutes": None, "max_steps": 2880, "batch_size": 8, "demonstrations_per_task": 2,
-                "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3,
-                "micro_batch_tokens": 1600, "restart_cycles": 2, "habit_steps": 320, "habit_lr": 5e-4,
-                "habit_blind_edits": 0.5},
         # Offline (MLPerf v6.1): a checkpoint after every step from step 4 on, evaluated after training
         # (max_steps is the budget) in step order until the first that passes: from the shipped base
         # that is the first one, and the first passing checkpoint is then exact (bisection, which
@@ -107,6 +99,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval": {"k": 4, "samples_per_task": 4, "start_step": 18, "every_steps": 1, "target": 0.69,
                  "mode": "offline", "offline_order": "concurrent", "early_stop": False},
     },
+}
+
+# The warm-start recipes (schemas/recipe.py), `sft` in overrides: what `make base` builds a preset's
+# base with, and a run without a shipped base (model.path unset) builds one with first.
+RECIPES: dict[str, dict[str, Any]] = {
+    "smoke": {"minutes": 0.25, "max_steps": 20, "batch_size": 8, "demonstrations_per_task": 1},
+    # Why each part: docs/history.md. 2,880 steps on the train and pool demonstrations with the loss
+    # on the context too, the lr falling to 0 along a cosine three times; two more 960-step cycles,
+    # each with a fresh AdamW; then the habit phase (320 steps at 5e-4 on pool demonstrations, half
+    # of which edit unread code). Steps only, no time budget: the same schedule on any machine.
+    "mini": {"minutes": None, "max_steps": 2880, "batch_size": 8, "demonstrations_per_task": 2,
+             "pool_tasks": 5000, "context_loss_weight": 1.0, "cosine_decay": True, "cosine_cycles": 3,
+             "micro_batch_tokens": 1600, "restart_cycles": 2, "habit_steps": 320, "habit_lr": 5e-4,
+             "habit_blind_edits": 0.5},
 }
 
 
@@ -172,14 +178,31 @@ def check_runnable(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def _problems(e: ValidationError, prefix: str = "") -> str:
+    return "; ".join(f"{prefix}{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+
+
 def load_config(preset: str = "mini", overrides: list[str] | dict | None = None) -> RunConfig:
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    data = _deep_merge(PRESETS[preset], parse_overrides(overrides))
+    overrides = parse_overrides(overrides)
+    if "sft" in overrides:
+        raise ConfigError("sft.* is the warm-start recipe (schemas/recipe.py), not a run setting: pass it to "
+                          "`make base`, or set model.path to a base built with it")
+    data = _deep_merge(PRESETS[preset], overrides)
     data["preset"] = preset
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"invalid configuration for preset {preset!r}: {problems}") from None
+        raise ConfigError(f"invalid configuration for preset {preset!r}: {_problems(e)}") from None
     return cfg
+
+
+def load_recipe(preset: str = "mini", overrides: dict | None = None) -> WarmStartRecipe:
+    """The preset's warm-start recipe with `overrides` ({"lr": 1e-3}, the `sft` section of parsed overrides)."""
+    if preset not in RECIPES:
+        raise ConfigError(f"preset {preset!r} has no warm-start recipe; choose one of {sorted(RECIPES)}")
+    try:
+        return WarmStartRecipe.model_validate({**RECIPES[preset], **(overrides or {})})
+    except ValidationError as e:
+        raise ConfigError(f"invalid warm-start recipe for preset {preset!r}: {_problems(e, 'sft.')}") from None

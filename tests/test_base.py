@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from schemas.presets import load_config
+from schemas.presets import load_config, load_recipe
 from tasks.policy.base import BaseCheckpointError, check_dataset, check_files, read_manifest
 from tests.fixtures.smoke import REPO, smoke_overrides
 
@@ -58,7 +58,7 @@ def test_make_base_builds_freezes_and_measures_a_smoke_base(smoke_base, smoke_pr
     from safetensors import safe_open
 
     from flows.prepare import _local_model
-    from tasks.policy.runtime import build_policy, init_runtime
+    from tasks.policy.runtime import load_for_training, init_runtime
     from tasks.storage import Store
 
     out, manifest, overrides = smoke_base
@@ -76,7 +76,7 @@ def test_make_base_builds_freezes_and_measures_a_smoke_base(smoke_base, smoke_pr
         name = next(iter(f.keys()))
         stored = f.get_tensor(name)
     assert stored.dtype == torch.bfloat16
-    model, _ = build_policy(out, init_runtime())
+    model, _ = load_for_training(out, init_runtime())
     loaded = dict(model.named_parameters())[name]
     assert loaded.dtype == torch.float32 and torch.equal(loaded.detach(), stored.float())
     # ... and they are the SFT checkpoint's weights, rounded.
@@ -97,7 +97,7 @@ def test_prepare_starts_from_a_given_base_without_sft(smoke_base, monkeypatch):
 
     monkeypatch.setattr(TrainerWorker, "sft", never)
     monkeypatch.setattr(prepare, "demonstrations", never)
-    monkeypatch.setattr(prepare, "warm_start_stages", never)
+    monkeypatch.setattr(prepare, "warm_start_chain", never)
     cfg = load_config("smoke", {**overrides, "model": {"path": str(out)}})
     prepared = prepare.prepare_config(cfg)
     assert prepared["base_model"] == str(out.resolve()) and prepared["demonstrations"] is None
@@ -162,11 +162,12 @@ def test_continuing_a_base_checks_its_recipe_before_anything_runs(smoke_base, sm
     from tasks.storage import Store
 
     out, manifest, overrides = smoke_base
-    _forbid(monkeypatch, prepare, "base_model", "demonstrations", "later_stages")
+    _forbid(monkeypatch, prepare, "base_model", "demonstrations", "warm_start_chain")
 
     def extend(**sft):
-        cfg = load_config("smoke", {**overrides, "sft": sft})
-        return continue_base(cfg, Store.from_config(cfg.storage), smoke_prepared["tasks"], out)
+        cfg = load_config("smoke", overrides)
+        return continue_base(cfg, load_recipe("smoke", sft), Store.from_config(cfg.storage), smoke_prepared["tasks"],
+                             out)
 
     with pytest.raises(BaseCheckpointError, match=r"already ends with every stage of this recipe"):
         extend()
@@ -181,9 +182,10 @@ def test_continuing_a_base_adds_a_restart_cycle_from_its_frozen_weights(smoke_ba
     from tasks.storage import Store
 
     out, manifest, overrides = smoke_base
-    cfg = load_config("smoke", {**overrides, "sft": {"restart_cycles": 1}})
+    cfg = load_config("smoke", overrides)
     store = Store.from_config(cfg.storage)
-    init, key, stages, continued = continue_base(cfg, store, smoke_prepared["tasks"], out)
+    init, key, stages, continued = continue_base(cfg, load_recipe("smoke", {"restart_cycles": 1}), store,
+                                                 smoke_prepared["tasks"], out)
     assert init == manifest["recipe"]["init"] and continued["sha256"] == weights_digest(manifest)
     assert [s["stage"] for s in stages] == [s["stage"] for s in manifest["recipe"]["stages"]] + ["restart cycle 1/1"]
     record = store.get_json(key + ".commit")
@@ -203,3 +205,25 @@ def test_tasks_sha256_ignores_where_archives_live_and_sees_content():
     assert tasks_sha256(pa.Table.from_pylist(rows)) == tasks_sha256(pa.Table.from_pylist(moved))
     edited = [dict(rows[0], problem_statement="fix b!"), rows[1]]
     assert tasks_sha256(pa.Table.from_pylist(rows)) != tasks_sha256(pa.Table.from_pylist(edited))
+
+
+def test_stage_keys_follow_their_parent_and_their_own_settings():
+    from flows.prepare import stage_key
+    from schemas.recipe import stages
+
+    def keys(**sft):
+        key, out = "models/init-x", {}
+        for stage in stages(load_recipe("mini", sft)):
+            key = out[stage.name] = stage_key(key, f"demos-{stage.demonstrations.per_task}", stage)
+        return out
+
+    shipped, more, habit = keys(), keys(restart_cycles=3), keys(habit_lr=1e-4)
+    # A stage added keeps the earlier ones' keys: the same settings from the same parent (names aside).
+    assert [shipped[k] for k in ("warm start", "restart cycle 1/2", "restart cycle 2/2")] == \
+        [more[k] for k in ("warm start", "restart cycle 1/3", "restart cycle 2/3")]
+    assert more["habit phase"] != shipped["habit phase"]  # its parent is the third cycle now
+    # A stage's own setting changes its key, not its parents'.
+    assert {k: v for k, v in habit.items() if k != "habit phase"} == \
+        {k: v for k, v in shipped.items() if k != "habit phase"}
+    assert habit["habit phase"] != shipped["habit phase"]
+    assert len(set(keys(lr=2e-3).values()) & set(shipped.values())) == 0

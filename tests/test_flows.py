@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from schemas.presets import ConfigError, load_config
+from schemas.presets import ConfigError, load_config, load_recipe
+from schemas.recipe import stages
 from tasks.mlperf import check, read_log_times
 from tests.fixtures.smoke import REPO, flow_env, main_command, smoke_overrides
 
@@ -160,16 +161,17 @@ def test_warm_start_can_leave_the_rl_tasks_unseen(smoke_prepared):
     from flows.runtime import load_tasks
     from tasks.storage import Store
 
-    cfg = load_config("smoke", {**smoke_overrides(), "sft": {"demonstrations_per_task": 0, "pool_tasks": 4}})
+    cfg = load_config("smoke", smoke_overrides())
+    first = stages(load_recipe("smoke", {"demonstrations_per_task": 0, "pool_tasks": 4}))[0]
     store = Store.from_config(cfg.storage)
-    key = demonstrations.fn(cfg, store, smoke_prepared["tasks"], smoke_prepared["model"])
+    key = demonstrations.fn(cfg, store, smoke_prepared["tasks"], smoke_prepared["model"], first.demonstrations)
     assert key != smoke_prepared["demonstrations"]
     demos = store.read_table(key, columns=["instance_id", "finish_reason"], stage="demonstrations").to_pylist()
     benchmark = load_tasks(store, smoke_prepared["tasks"])
     assert 0 < len(demos) <= 4 and all(d["finish_reason"] == "submitted" for d in demos)
     assert not {d["instance_id"] for d in demos} & set(benchmark)
     with pytest.raises(ConfigError, match="sft.demonstrations_per_task=0 needs sft.pool_tasks"):
-        load_config("smoke", ["sft.demonstrations_per_task=0"])
+        load_recipe("smoke", {"demonstrations_per_task": 0})
 
 
 def test_warm_start_stages_restart_cycles_then_the_habit_phase(smoke_prepared):
@@ -177,7 +179,7 @@ def test_warm_start_stages_restart_cycles_then_the_habit_phase(smoke_prepared):
     # max_steps / cosine_cycles steps) -> habit phase on pool demonstrations that edit unread code.
     import sys
 
-    from flows.prepare import warm_start_stages
+    from flows.prepare import demonstrations_key, warm_start_chain
     from flows.runtime import load_tasks
     from tasks.storage import Store
 
@@ -186,16 +188,19 @@ def test_warm_start_stages_restart_cycles_then_the_habit_phase(smoke_prepared):
 
     sft = {"pool_tasks": 4, "max_steps": 8, "cosine_decay": True, "cosine_cycles": 2, "restart_cycles": 1,
            "habit_steps": 3, "habit_lr": 2e-4, "habit_blind_edits": 1.0}
-    cfg = load_config("smoke", {**smoke_overrides(), "sft": sft})
+    cfg = load_config("smoke", smoke_overrides())
+    chain = stages(load_recipe("smoke", sft))
+    assert [s.name for s in chain] == ["warm start", "restart cycle 1/1", "habit phase"]
     store = Store.from_config(cfg.storage)
-    args = (smoke_prepared["tasks"], smoke_prepared["model"], smoke_prepared["demonstrations"])
-    key = warm_start_stages(cfg, store, *args)
+    args = (smoke_prepared["tasks"], smoke_prepared["model"], chain)
+    key = warm_start_chain(cfg, store, *args)
     habit = store.get_json(key + ".commit")
     cycle = store.get_json(habit["from"] + ".commit")
     plain = store.get_json(cycle["from"] + ".commit")
     assert (habit["stage"], cycle["stage"], plain["stage"]) == ("habit phase", "restart cycle 1/1", "warm start")
     assert plain["from"] == smoke_prepared["model"] and plain["sft"]["max_steps"] == 8
-    assert cycle["demonstrations"] == smoke_prepared["demonstrations"]
+    assert cycle["demonstrations"] == plain["demonstrations"] == demonstrations_key(
+        smoke_prepared["tasks"], smoke_prepared["model"], cfg.agent.prompt_style, chain[0].demonstrations)
     assert (cycle["sft"]["max_steps"], cycle["sft"]["cosine_cycles"], cycle["metrics"]["steps"]) == (4, 1, 4)
     assert (habit["sft"]["lr"], habit["metrics"]["steps"]) == (2e-4, 3)
     # The habit phase's demonstrations: pool tasks only, every one an edit straight away.
@@ -204,5 +209,5 @@ def test_warm_start_stages_restart_cycles_then_the_habit_phase(smoke_prepared):
     assert demos and not {d["instance_id"] for d in demos} & set(load_tasks(store, smoke_prepared["tasks"]))
     assert {first_action(d["messages"]) for d in demos} == {"str_replace"}
     # Cached: a second call trains nothing and names the same checkpoint.
-    assert warm_start_stages(cfg, store, *args) == key
+    assert warm_start_chain(cfg, store, *args) == key
     assert store.get_json(key + ".commit")["built_at"] == habit["built_at"]

@@ -13,7 +13,7 @@ from tasks.policy.batch import BadBatchError
 from tasks.policy.runtime import UpdateAborted, policy_logprobs
 from tasks.policy.worker import TrainerWorker
 from tests.test_policy_support import (OFFSET, episode, grpo_step, make_policy_dir, reward_table, run_config,
-                                       trajectory_rows)
+                                       sft_stage, trajectory_rows)
 
 EPISODES = [("Q: 1+1=", "2"), ("Q: 1+1=", "3"), ("Q: 1+1=", "two"), ("Q: 1+1=", "11"),
             ("Q: 2+2=", "4"), ("Q: 2+2=", "5"), ("Q: 2+2=", "four!"), ("Q: 2+2=", "22")]
@@ -85,7 +85,7 @@ def test_sft_two_ranks(tmp_path, capfd):
     demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 3+3=", "6"), ("Q: 4+4=", "8")], group="demo")
     pq.write_table(demos, tmp_path / "demos.parquet")
     with TrainerWorker(v0, cfg, mode="sft", start_timeout=300) as w:
-        m = w.sft(tmp_path / "demos.parquet", tmp_path / "sft", max_steps=12, timeout=300)
+        m = w.sft(tmp_path / "demos.parquet", tmp_path / "sft", sft_stage(), max_steps=12, timeout=300)
     assert m["world_size"] == 2 and m["steps"] == 12 and m["loss_last"] < m["loss_first"]
     assert ckpt.read_policy_version(tmp_path / "sft") == 0
     # The warm start's progress reaches the caller's stderr, once (rank 0), the rest stays quiet.

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from schemas.config import GRPOConfig, OptimizerConfig, RunConfig, SFTConfig
+from schemas.config import GRPOConfig, OptimizerConfig, RunConfig
+from schemas.recipe import SFTStage, WarmStartRecipe, stages
 from schemas.tables import REWARDS, TRAJECTORIES
 
 PAD, BOS, EOS, OFFSET = 0, 1, 2, 4  # ids 0..3 are specials, byte b is id b + 4
@@ -45,8 +46,13 @@ def run_config(lr: float = 1e-3, grad_clip: float | None = 1.0, micro_batch_toke
     return RunConfig(
         grpo=GRPOConfig(prompts_per_step=1, generations_per_prompt=8, **grpo),
         optimizer=OptimizerConfig(lr=lr, grad_clip=grad_clip, micro_batch_tokens=micro_batch_tokens),
-        sft=SFTConfig(lr=3e-3, batch_size=8, minutes=1.0),
     )
+
+
+def sft_stage(**fields) -> SFTStage:
+    """The warm start of a short recipe (lr 3e-3, batches of 8, one minute), with `fields` changed."""
+    first = stages(WarmStartRecipe(lr=3e-3, batch_size=8, minutes=1.0))[0]
+    return SFTStage.model_validate({**first.model_dump(), **fields})
 
 
 def episode(prompt: str, completion: str) -> tuple[list[int], list[int]]:

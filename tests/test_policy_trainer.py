@@ -21,6 +21,7 @@ from tests.test_policy_support import (
     make_policy_dir,
     reward_table,
     run_config,
+    sft_stage,
     trajectory_rows,
 )
 
@@ -214,7 +215,7 @@ def test_sft_learns_demonstrations(tmp_path):
     src = make_policy_dir(tmp_path / "base")
     demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 3+3=", "6"), ("Q: 4+4=", "8")], group="demo")
     before = completion_logprob(load_policy(src), "Q: 2+2=", "4")
-    m = sft_train(src, demos, cfg, tmp_path / "sft", max_steps=25)
+    m = sft_train(src, demos, cfg, sft_stage(), tmp_path / "sft", max_steps=25)
     assert m["steps"] == 25 and m["loss_last"] < m["loss_first"] / 3
     after = completion_logprob(load_policy(tmp_path / "sft"), "Q: 2+2=", "4")
     assert after > before + 3
@@ -229,9 +230,7 @@ def test_sft_context_loss_weight_also_learns_the_prompt(tmp_path):
     demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 3+3=", "6"), ("Q: 4+4=", "8")], group="demo")
     prompt_lp = {}
     for w in (0.0, 1.0):
-        cfg = run_config()
-        cfg.sft.context_loss_weight = w
-        sft_train(src, demos, cfg, tmp_path / f"w{w}", max_steps=25)
+        sft_train(src, demos, run_config(), sft_stage(context_loss_weight=w), tmp_path / f"w{w}", max_steps=25)
         prompt_lp[w] = completion_logprob(load_policy(tmp_path / f"w{w}"), "Q: 3", "+3=")
     # Completion-only SFT leaves the prompt's own text unlearned; weight 1 learns it too.
     assert prompt_lp[1.0] > prompt_lp[0.0] + 3
@@ -243,9 +242,8 @@ def test_sft_micro_batches_change_speed_not_the_update(tmp_path):
                             group="demo")
     weights = {}
     for mbt in (None, 64):  # one padded block vs several micro-batches
-        cfg = run_config()
-        cfg.sft.batch_size, cfg.sft.micro_batch_tokens = 4, mbt
-        m = sft_train(src, demos, cfg, tmp_path / f"mb{mbt}", max_steps=3)
+        m = sft_train(src, demos, run_config(), sft_stage(batch_size=4, micro_batch_tokens=mbt),
+                      tmp_path / f"mb{mbt}", max_steps=3)
         weights[mbt] = load_file(tmp_path / f"mb{mbt}" / "model.safetensors")
     assert weights[None].keys() == weights[64].keys()
     initial = load_file(src / "model.safetensors")

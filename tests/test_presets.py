@@ -2,7 +2,7 @@
 
 import pytest
 
-from schemas.presets import PRESETS, ConfigError, load_config
+from schemas.presets import PRESETS, RECIPES, ConfigError, load_config, load_recipe, parse_overrides
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -50,7 +50,6 @@ def test_unknown_preset():
     ("sandbox.cpus=false", "sandbox.cpus"),
     ("optimizer.lr=true", "optimizer.lr"),  # float | None
     ("optimizer.betas=[true, 0.9]", "optimizer.betas"),
-    ("sft.max_steps=true", "sft.max_steps"),  # int | None
     ("agent.validation.max_tokens_per_turn=true", "agent.validation.max_tokens_per_turn"),  # nested twice
 ])
 def test_booleans_are_not_numbers(override, field):
@@ -67,3 +66,25 @@ def test_json_numbers_and_lists_still_coerce():
     assert cfg.grpo.normalize_rewards is False
     with pytest.raises(ValueError, match="takes numbers, not booleans"):
         cfg.grpo.prompts_per_step = True  # assignment is validated too
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipes_validate_and_unroll_into_their_stages(name):
+    from schemas.recipe import stages
+
+    recipe = load_recipe(name)
+    names = [s.name for s in stages(recipe)]
+    assert names[0] == "warm start" and len(names) == 1 + recipe.restart_cycles + bool(recipe.habit_steps) \
+        + bool(recipe.clean_steps)
+
+
+def test_the_recipe_is_make_bases_not_the_runs():
+    with pytest.raises(ConfigError, match=r"sft\.\* is the warm-start recipe .*make base"):
+        load_config("smoke", ["sft.max_steps=5"])
+    assert load_recipe("smoke", parse_overrides(["sft.max_steps=5"])["sft"]).max_steps == 5
+    with pytest.raises(ConfigError, match="sft.max_steps: .*not booleans"):
+        load_recipe("smoke", {"max_steps": True})
+    with pytest.raises(ConfigError, match="sft.demonstrations_per_task=0 needs sft.pool_tasks"):
+        load_recipe("smoke", {"demonstrations_per_task": 0})
+    with pytest.raises(ConfigError, match="preset 'qwen35_397b_grpo' has no warm-start recipe"):
+        load_recipe("qwen35_397b_grpo")

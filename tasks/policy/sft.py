@@ -1,10 +1,12 @@
 """The warm start: supervised fine-tuning on demonstration trajectories (how `make base` builds a base).
 
+One stage of the recipe (schemas/recipe.py: SFTStage) per call:
+
     samples = the demonstrations' tokens, loss on the generated ones (and on the context at
-              sft.context_loss_weight: a tiny model trained from scratch has no pretraining)
-    for each step, until sft.max_steps (or the sft.minutes budget):
-        lr = sft.lr, or along a cosine to 0 (sft.cosine_cycles restarts)
-        batch = the next sft.batch_size samples of a seeded shuffle, epoch after epoch
+              stage.context_loss_weight: a tiny model trained from scratch has no pretraining)
+    for each step, until stage.max_steps (or the stage.minutes budget):
+        lr = stage.lr, or along a cosine to 0 (stage.cosine_cycles restarts)
+        batch = the next stage.batch_size samples of a seeded shuffle, epoch after epoch
         loss = token-weighted mean cross-entropy over the batch, micro-batch by micro-batch
         clip (optimizer.grad_clip, else 1.0), AdamW step
     save the checkpoint
@@ -22,8 +24,9 @@ import pyarrow as pa
 import torch
 
 from schemas.config import RunConfig
+from schemas.recipe import SFTStage
 from tasks.policy.batch import BadBatchError, Sample, collate, plan_micro_batches, prepare_samples
-from tasks.policy.runtime import (OptimizerStep, adamw, all_reduce, build_policy, init_runtime, peak_rss_mib, save,
+from tasks.policy.runtime import (OptimizerStep, adamw, all_reduce, load_for_training, init_runtime, peak_rss_mib, save,
                                   token_logprobs, vocab_size)
 
 
@@ -66,19 +69,20 @@ def sft_step(model, params, optimizer, batch: list[Sample], plan, rt, clip: floa
 
 
 def sft_train(model_dir: str | os.PathLike, demonstrations: pa.Table | list[dict], cfg: RunConfig,
-              out_dir: str | os.PathLike, *, max_steps: int | None = None, policy_version: int = 0,
+              stage: SFTStage, out_dir: str | os.PathLike, *, max_steps: int | None = None, policy_version: int = 0,
               precision: str | None = None, progress=None) -> dict:
-    """The warm start (the module docstring) from checkpoint `model_dir` into `out_dir`; returns its metrics.
+    """One warm-start stage (the module docstring) from checkpoint `model_dir` into `out_dir`; returns its
+    metrics. cfg gives the optimizer's settings (betas, weight decay, grad clip, ranks), `stage` the rest.
     progress(text), when given, gets a line at the first step and every 100th (rank 0)."""
     t0 = time.perf_counter()
-    samples = sft_samples(demonstrations, model_dir, cfg.sft.context_loss_weight)
+    samples = sft_samples(demonstrations, model_dir, stage.context_loss_weight)
     rt = init_runtime(precision)
-    torch.manual_seed(cfg.sft.seed)
-    model, params = build_policy(model_dir, rt, cfg.optimizer.freeze_router)
-    optimizer = adamw(params, cfg, cfg.sft.lr)
-    limit = max_steps if max_steps is not None else cfg.sft.max_steps
+    torch.manual_seed(stage.seed)
+    model, params = load_for_training(model_dir, rt, cfg.optimizer.freeze_router)
+    optimizer = adamw(params, cfg, stage.lr)
+    limit = max_steps if max_steps is not None else stage.max_steps
     clip = cfg.optimizer.grad_clip if cfg.optimizer.grad_clip is not None else 1.0
-    rng = random.Random(cfg.sft.seed)
+    rng = random.Random(stage.seed)
     order: list[int] = []
     losses, tokens, step = [], 0, 0
     t_loaded = time.perf_counter()
@@ -86,19 +90,19 @@ def sft_train(model_dir: str | os.PathLike, demonstrations: pa.Table | list[dict
         # One clock for all ranks (the slowest): every rank must run the same number of steps and,
         # with the cosine decay, apply the same learning rate.
         elapsed = all_reduce([time.perf_counter() - t0], "max")[0]
-        if cfg.sft.minutes is not None and elapsed >= cfg.sft.minutes * 60 and step > 0:
+        if stage.minutes is not None and elapsed >= stage.minutes * 60 and step > 0:
             break
-        if len(order) < cfg.sft.batch_size:
+        if len(order) < stage.batch_size:
             epoch = list(range(len(samples)))
             rng.shuffle(epoch)
             order += epoch
         for group in optimizer.param_groups:
-            group["lr"] = sft_lr(cfg.sft.lr, cfg.sft.cosine_decay, step, limit, elapsed, cfg.sft.minutes,
-                                 cfg.sft.cosine_cycles)
-        batch = [samples[i] for i in order[:cfg.sft.batch_size]]
-        order = order[cfg.sft.batch_size:]
+            group["lr"] = sft_lr(stage.lr, stage.cosine_decay, step, limit, elapsed, stage.minutes,
+                                 stage.cosine_cycles)
+        batch = [samples[i] for i in order[:stage.batch_size]]
+        order = order[stage.batch_size:]
         plan = plan_micro_batches([len(s.tokens) for s in batch], rt.world,
-                                  cfg.sft.micro_batch_tokens or cfg.optimizer.micro_batch_tokens)
+                                  stage.micro_batch_tokens or cfg.optimizer.micro_batch_tokens)
         m = sft_step(model, params, optimizer, batch, plan, rt, clip)
         losses.append(m["loss"])
         tokens += m["tokens"]
@@ -115,6 +119,6 @@ def sft_train(model_dir: str | os.PathLike, demonstrations: pa.Table | list[dict
         "steps": step, "loss_first": losses[0], "loss_last": losses[-1], "loss_last10": sum(tail) / len(tail),
         "losses": losses, "tokens": tokens, "train_seconds": t_trained - t_loaded, "save_seconds": save_s,
         "seconds": time.perf_counter() - t0, "tokens_per_second": tokens / max(t_trained - t_loaded, 1e-9),
-        "policy_version": policy_version, "world_size": rt.world, "lr": cfg.sft.lr,
+        "policy_version": policy_version, "world_size": rt.world, "lr": stage.lr,
         "peak_rss_mib": all_reduce([peak_rss_mib()], "max")[0],
     }

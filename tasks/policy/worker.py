@@ -15,7 +15,8 @@ original for replies.
     <- {"ok": true, "op": "ready", "policy_version": k, "world_size": n, ...}     once loaded
     -> {"op": "grpo", "trajectories": PATH, "advantages": PATH, "out": DIR,
         "policy_version": k (default: current + 1), "optimizer_steps": 1, "save_optimizer": true}
-    -> {"op": "sft", "demonstrations": PATH, "out": DIR, "max_steps": n, "policy_version": 0}
+    -> {"op": "sft", "demonstrations": PATH, "out": DIR, "stage": {...} (schemas/recipe.py: SFTStage),
+        "max_steps": n, "policy_version": 0}
     <- {"op": "progress", "text": "..."}      (sft, any number, before the answer)
     <- {"ok": true, "metrics": {...}}
     <- {"ok": false, "error_type": "BadBatchError" | "JoinError" | "UpdateAborted" | ..., "message": ...,
@@ -51,7 +52,7 @@ from pathlib import Path
 
 from schemas.config import RunConfig
 
-OPS = {"grpo": ("trajectories", "advantages", "out"), "sft": ("demonstrations", "out"), "stop": ()}  # op -> fields
+OPS = {"grpo": ("trajectories", "advantages", "out"), "sft": ("demonstrations", "out", "stage"), "stop": ()}  # op -> fields
 log = logging.getLogger(__name__)
 
 
@@ -129,9 +130,12 @@ def _handle_sft(cfg: RunConfig, model_dir: str, precision: str | None, req: dict
     from tasks.policy.runtime import init_runtime
     from tasks.policy.sft import sft_train
 
+    from schemas.recipe import SFTStage
+
     main = init_runtime(precision).main
     try:
-        metrics = sft_train(req.get("model") or model_dir, pq.read_table(req["demonstrations"]), cfg, req["out"],
+        metrics = sft_train(req.get("model") or model_dir, pq.read_table(req["demonstrations"]), cfg,
+                            SFTStage.model_validate(req["stage"]), req["out"],
                             max_steps=req.get("max_steps"), policy_version=int(req.get("policy_version") or 0),
                             precision=precision,
                             progress=(lambda text: _reply(out, {"op": "progress", "text": text})) if main else None)
@@ -431,12 +435,14 @@ class TrainerWorker:
         self.policy_version = metrics["policy_version"]
         return metrics
 
-    def sft(self, demonstrations_path, out_dir, *, max_steps: int | None = None, policy_version: int = 0,
+    def sft(self, demonstrations_path, out_dir, stage, *, max_steps: int | None = None, policy_version: int = 0,
             model_dir=None, timeout: float | None = None) -> dict:
-        """A warm start of `model_dir` (default: the worker's --model) on the demonstrations into `out_dir`
-        (an `sft` worker); its progress lines go to our stderr as they come. Returns its metrics."""
+        """One warm-start stage (schemas/recipe.py: SFTStage) of `model_dir` (default: the worker's --model)
+        on the demonstrations into `out_dir` (an `sft` worker); its progress lines go to our stderr as
+        they come. Returns its metrics."""
         reply = self._request({"op": "sft", "demonstrations": os.path.abspath(demonstrations_path),
-                               "out": os.path.abspath(out_dir), "max_steps": max_steps, "policy_version": policy_version,
+                               "out": os.path.abspath(out_dir), "stage": stage.model_dump(),
+                               "max_steps": max_steps, "policy_version": policy_version,
                                "model": os.path.abspath(model_dir) if model_dir else None}, timeout, "warm start")
         return self._result(reply)
 

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from schemas.presets import load_config  # noqa: E402
+from schemas.presets import load_recipe  # noqa: E402
 from tasks.policy.batch import plan_micro_batches  # noqa: E402
 from tasks.policy.runtime import Runtime  # noqa: E402
 from tasks.policy.sft import sft_samples, sft_step  # noqa: E402
@@ -51,11 +51,11 @@ def main() -> int:
     ap.add_argument("--variants", default="eager/sdpa/16384,grouped_mm/sdpa/16384,eager/eager/16384,"
                                           "grouped_mm/sdpa/3200,grouped_mm/sdpa/1600")
     a = ap.parse_args()
-    cfg = load_config("mini")
-    samples = sft_samples(pq.read_table(a.demonstrations), a.model_dir, cfg.sft.context_loss_weight)
-    data = batches(samples, cfg.sft.batch_size, a.steps)
+    recipe = load_recipe("mini")
+    samples = sft_samples(pq.read_table(a.demonstrations), a.model_dir, recipe.context_loss_weight)
+    data = batches(samples, recipe.batch_size, a.steps)
     lengths = [len(s.tokens) for b in data for s in b]
-    print(f"{len(samples)} demonstrations; batch {cfg.sft.batch_size}; tokens per sequence: median "
+    print(f"{len(samples)} demonstrations; batch {recipe.batch_size}; tokens per sequence: median "
           f"{statistics.median(lengths):.0f}, max {max(lengths)}; torch threads {torch.get_num_threads()}")
     rt = Runtime(0, 1, torch.device("cpu"), False)
     models = {}
