@@ -174,7 +174,7 @@ def test_warm_start_can_leave_the_rl_tasks_unseen(smoke_prepared):
         load_recipe("smoke", {"demonstrations_per_task": 0})
 
 
-def test_warm_start_stages_restart_cycles_then_the_habit_phase(smoke_prepared):
+def test_warm_start_chain_restart_cycles_then_the_habit_phase(smoke_prepared):
     # The mini preset's base: warm start -> restart cycles (fresh AdamW each, one cosine of
     # max_steps / cosine_cycles steps) -> habit phase on pool demonstrations that edit unread code.
     import sys
