@@ -66,7 +66,7 @@ def continue_base(cfg, recipe, store, tasks_key: str, base_dir: pathlib.Path) ->
     (its key checked against the base's), demonstrations and stage settings as a rebuild from nothing,
     from the frozen bf16 weights. Returns (init key, the last stage's store key, every stage, what
     it continued from)."""
-    from flows.prepare import base_model, dataset_id_of, warm_start_chain
+    from flows.prepare import base_model, warm_start_chain
     from schemas.recipe import WarmStartRecipe, stages
     from tasks.dataset.build import tasks_sha256
     from tasks.policy import base
@@ -75,7 +75,7 @@ def continue_base(cfg, recipe, store, tasks_key: str, base_dir: pathlib.Path) ->
     if manifest is None:
         raise base.BaseCheckpointError(f"{base_dir} has no {base.MANIFEST}: only a frozen base can be continued")
     base.check_files(base_dir, manifest)
-    base.check_dataset(base_dir, manifest, dataset_id_of(tasks_key),
+    base.check_dataset(base_dir, manifest, cfg.dataset.model_dump(),
                        tasks_sha256(store.read_table(tasks_key, stage="tasks")))
     done, built = manifest["recipe"]["stages"], WarmStartRecipe(**manifest["recipe"]["sft"])
     more_cycles = recipe.restart_cycles > built.restart_cycles

@@ -274,7 +274,7 @@ def prepare_config(cfg: RunConfig, dataset_only: bool = False, recipe: WarmStart
             from tasks.policy.base import check_dataset, weights_digest
 
             table = store.read_table(tasks_key, stage="tasks")
-            check_dataset(model_dir, manifest, dataset_id_of(tasks_key), tasks_sha256(table))
+            check_dataset(model_dir, manifest, cfg.dataset.model_dump(), tasks_sha256(table))
             out["base_weights"] = weights_digest(manifest)
             log(f"prepare: base checkpoint {model_dir} ({manifest['files']['model.safetensors']['bytes'] / 1e6:.1f} MB, "
                 f"built by {manifest['built_by']['command']} at {manifest['code_version']}; files and dataset checked)")
@@ -293,7 +293,7 @@ def dataset_id_of(tasks_key: str) -> str:
 
 def shipped_base(cfg: RunConfig) -> tuple[pathlib.Path, dict | None]:
     """The local directory of cfg.model.path and its base manifest (None for a checkpoint without one),
-    checked before anything starts: every file the manifest lists, with its sha256, and the dataset id."""
+    checked before anything starts: every file the manifest lists, with its sha256, and the dataset config."""
     from tasks.policy.base import check_dataset, check_files, read_manifest
     from tasks.policy.model import resolve_model_dir
 
@@ -304,10 +304,7 @@ def shipped_base(cfg: RunConfig) -> tuple[pathlib.Path, dict | None]:
     manifest = read_manifest(model_dir) if model_dir.is_dir() else None
     if manifest is not None:
         check_files(model_dir, manifest)
-        if cfg.dataset.source == "mini":  # its id is known before it is built; r2e's after loading
-            from tasks.dataset.build import mini_dataset_id
-
-            check_dataset(model_dir, manifest, mini_dataset_id(cfg.dataset, cfg.sandbox.image))
+        check_dataset(model_dir, manifest, cfg.dataset.model_dump())  # the config now, the tasks once built
     resolve_model_dir(model_dir)  # what any checkpoint needs, with or without a manifest
     return model_dir.resolve(), manifest
 

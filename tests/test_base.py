@@ -14,16 +14,19 @@ from tests.fixtures.smoke import REPO, smoke_overrides
 SHIPPED = REPO / "models" / "mini-base"
 
 
-def test_shipped_base_matches_its_manifest_and_the_mini_dataset():
-    from tasks.dataset.build import mini_dataset_id
+def test_shipped_base_matches_its_manifest_and_the_mini_dataset(tmp_path):
+    from tasks.dataset.build import build_dataset, tasks_sha256
+    from tasks.storage import Store
 
     manifest = read_manifest(SHIPPED)
     assert manifest is not None, "models/mini-base/manifest.json is missing"
     check_files(SHIPPED, manifest)
     assert sum(f["bytes"] for f in manifest["files"].values()) < 40e6
-    # Any change to the mini generator (or its config) is a new dataset the base was not trained for.
+    # The generator still makes the tasks the base was trained on (generating them takes seconds).
     cfg = load_config("mini")
-    assert manifest["dataset"]["id"] == mini_dataset_id(cfg.dataset, cfg.sandbox.image)
+    store = Store(f"file://{tmp_path}/store")
+    table = store.read_table(build_dataset(cfg.dataset, store, cfg.sandbox, verify=False), stage="tasks")
+    check_dataset(SHIPPED, manifest, cfg.dataset.model_dump(), tasks_sha256(table))
     assert cfg.model.path == "models/mini-base"
     ev = manifest["evaluation"]
     assert ev["num_tasks"] == 251 and ev["k"] == 4 and ev["pass_at_k"] <= cfg.eval.target - 0.10
@@ -141,19 +144,18 @@ def test_guards_fail_before_anything_starts(smoke_base, tmp_path, monkeypatch):
 
     other = _copy(out, tmp_path / "other-dataset")
     m = json.loads((other / "manifest.json").read_text())
-    m["dataset"]["id"] = "mini-000000000000"
+    m["dataset"]["config"]["seed"] = 99
     (other / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(BaseCheckpointError, match=r"trained for dataset mini-000000000000, but this run uses "
-                                                  rf"dataset {manifest['dataset']['id']}"):
+    with pytest.raises(BaseCheckpointError, match=r"with dataset\.seed=99, but this run has dataset\.seed=0\b"):
         run_with(other)
 
 
 def test_guard_names_both_tasks_tables(smoke_base):
     out, manifest, _ = smoke_base
     with pytest.raises(BaseCheckpointError) as e:
-        check_dataset(out, manifest, manifest["dataset"]["id"], tasks_sha256="f" * 64)
+        check_dataset(out, manifest, manifest["dataset"]["config"], tasks_sha256="f" * 64)
     assert manifest["dataset"]["tasks_sha256"] in str(e.value) and "f" * 64 in str(e.value)
-    check_dataset(out, manifest, manifest["dataset"]["id"], manifest["dataset"]["tasks_sha256"])
+    check_dataset(out, manifest, manifest["dataset"]["config"], manifest["dataset"]["tasks_sha256"])
 
 
 def test_continuing_a_base_checks_its_recipe_before_anything_runs(smoke_base, smoke_prepared, monkeypatch):

@@ -84,20 +84,26 @@ def check_files(model_dir: str | os.PathLike, manifest: dict) -> None:
                 "Restore it (git checkout models/) or rebuild the base with `make base`.")
 
 
-def check_dataset(model_dir: str | os.PathLike, manifest: dict, dataset_id: str,
+def check_dataset(model_dir: str | os.PathLike, manifest: dict, dataset_config: dict,
                   tasks_sha256: str | None = None) -> None:
-    """The run's dataset is the one the base was trained for (the id before it is built, the content after)."""
+    """The run's dataset is the one the base was trained for: the same dataset config before it is
+    built, the same tasks (the table's sha256) after. The recorded id (a digest of the generator's
+    code and the config: a cache key) is not compared, so an edit of the generator that changes no
+    task (a rename, a comment) keeps the base, and one that changes a task is caught by the content."""
     rec = manifest["dataset"]
-    if rec["id"] != dataset_id:
+    recorded = rec.get("config") or {}
+    differ = {k: (v, dataset_config.get(k)) for k, v in sorted(recorded.items()) if dataset_config.get(k) != v}
+    if differ:
         raise BaseCheckpointError(
-            f"base checkpoint {model_dir} was trained for dataset {rec['id']}, but this run uses dataset "
-            f"{dataset_id}: the dataset's generator or config changed. Use the dataset config the base was "
-            "built for, rebuild the base with `make base`, or set model.path to a base built for this dataset.")
+            f"base checkpoint {model_dir} was trained for dataset {rec['id']} with "
+            + ", ".join(f"dataset.{k}={a!r}" for k, (a, _) in differ.items()) + ", but this run has "
+            + ", ".join(f"dataset.{k}={b!r}" for k, (_, b) in differ.items()) + ". Use the dataset config the "
+            "base was built for, rebuild the base with `make base`, or set model.path to a base built for it.")
     if tasks_sha256 is not None and rec["tasks_sha256"] != tasks_sha256:
         raise BaseCheckpointError(
             f"base checkpoint {model_dir} was trained for dataset {rec['id']} with tasks table sha256 "
-            f"{rec['tasks_sha256']}, but this run's tasks table of that id has sha256 {tasks_sha256}. "
-            "Rebuild the dataset from a clean store, or rebuild the base with `make base`.")
+            f"{rec['tasks_sha256']}, but this run's tasks table has sha256 {tasks_sha256}: the generator or the "
+            "stored dataset changed. Rebuild the dataset from a clean store, or rebuild the base with `make base`.")
 
 
 def freeze(src_dir: str | os.PathLike, out_dir: str | os.PathLike, provenance: dict) -> dict:
