@@ -33,32 +33,34 @@ async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], 
                            stage: str):
     """The episodes of `samples` rollouts per task under the split's sampling settings, as a table
     (progress flushed to `<stage>_partial`; committing the stage is the caller's)."""
-    from tasks.rollout import RolloutSpec, collect
+    from tasks.rollout import PartialTable, RolloutSpec, adversary_episodes, collect, served_episodes
 
     sampling = ctx.cfg.agent.training if split == "train" else ctx.cfg.agent.validation
     spec = RolloutSpec(run_id=ctx.run_id, step=step, split=split, samples_per_task=samples,
                        temperature=sampling.temperature, top_p=sampling.top_p)
     total = len(instance_ids) * samples
-    runner = None
-    if ctx.cfg.cluster.address:
+    a = ctx.cfg.agent
+    if ctx.cfg.cluster.address:  # the config refuses the adversary on a cluster
         from tasks.cluster import RayEpisodes
 
         # Episodes in the nodes' runner actors, spread evenly; rows come back here to be committed.
-        runner = RayEpisodes(spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store, say=log)
-    adversary, a = None, ctx.cfg.agent
-    if split == "train" and a.adversary_rate > 0:
+        episodes = RayEpisodes(spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store, say=log)
+    elif split == "train" and a.adversary_rate > 0:
         from tasks.agent.adversary import policy_factory
         from tasks.dataset.mini import gold_patch
 
         # Hostile episodes mixed into the policy's (tasks/agent/adversary.py), planned by rollout id.
         adversary = policy_factory(ctx.client, ctx.tokenizer, gold_patch, ctx.run_id, step, a.adversary_rate,
                                    a.adversary_seed, a.max_turns)
-    where = f" on the Ray cluster at {ctx.cfg.cluster.address}" if runner else ""
+        episodes = adversary_episodes(ctx.client, adversary, spec, ctx.tokenizer, ctx.cfg, ctx.store)
+    else:
+        episodes = served_episodes(ctx.client, spec, ctx.tokenizer, ctx.cfg, ctx.store)
+    where = f" on the Ray cluster at {ctx.cfg.cluster.address}" if ctx.cfg.cluster.address else ""
     log(f"step {step} {stage}: start ({total} episodes, policy v{ctx.client.version}{where})")
-    return await collect([ctx.tasks[i] for i in instance_ids], spec, ctx.client, ctx.tokenizer, ctx.cfg, ctx.store,
-                         partial_key=stage_key(ctx.run_id, step, f"{stage}_partial"),
-                         on_episode=Progress(f"step {step} {stage}", total, "episodes", every_s=30),
-                         flush_every_s=ctx.cfg.agent.partial_flush_s, episode_runner=runner, policy_factory=adversary)
+    return await collect([ctx.tasks[i] for i in instance_ids], spec, episodes, a.concurrency,
+                         partial=PartialTable(ctx.store, stage_key(ctx.run_id, step, f"{stage}_partial"),
+                                              a.partial_flush_s),
+                         on_episode=Progress(f"step {step} {stage}", total, "episodes", every_s=30))
 
 
 @task(name="grading", cache_policy=NONE)

@@ -133,7 +133,7 @@ def episode_runners(cluster, sandbox_backend: str) -> dict:
 
 
 class RayEpisodes:
-    """`episode_runner` for tasks.rollout.collect: each episode goes to the node runner with the
+    """tasks.rollout.collect's `episodes` on a Ray cluster: each episode goes to the node runner with the
     fewest episodes in flight; awaiting it gives its row. A runner lost with its node (or its
     process) is dropped and the episode sent to another, at most `max_task_retries` times; past
     that, or with no node left, the episode is an infra_error row."""

@@ -19,6 +19,7 @@ import json
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 import pyarrow as pa
 
@@ -39,6 +40,21 @@ class RolloutSpec:
     samples_per_task: int
     temperature: float
     top_p: float
+
+
+# How collect runs one episode: (task, sample index) -> its trajectory row. In this process:
+# served_episodes, scripted_episodes, adversary_episodes; on a Ray cluster: tasks.cluster.RayEpisodes.
+Episodes = Callable[[dict, int], Awaitable[dict]]
+
+
+@dataclass(frozen=True)
+class PartialTable:
+    """Where a stage commits its finished episodes as they finish (append-only parts next to `key`,
+    at most one per `flush_every_s`), so that a rerun of the stage skips them."""
+
+    store: Any
+    key: str
+    flush_every_s: float = 0.0
 
 
 class InferenceDown(RuntimeError):
@@ -99,13 +115,15 @@ def agent_error_text(e: BaseException) -> str:
 
 
 async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer, cfg, store=None,
-                  policy_factory=None) -> dict:
+                  make_policy=None) -> dict:
     """One episode in a sandbox of its own -> its trajectory row. A sandbox that cannot start or
     fails mid-episode is retried cfg.sandbox.infra_retries times, then recorded as an infra_error
     row; an inference server that stays away raises InferenceDown. An episode past
     episode_timeout_s + EPISODE_GRACE_S is cut from outside (its sandbox closed, which ends the
     call it hangs in): a timeout row. Any other error of ours ends this episode alone: an
-    agent_error row with what the episode held so far."""
+    agent_error row with what the episode held so far. With `make_policy(task, sample, sandbox)`
+    the episode's policy is made in its open sandbox; `policy` (or None) then only dates a row
+    that no policy played."""
     from tasks.inference import InferenceUnavailable
     from tasks.sandbox import SandboxInfraError, open_sandbox
 
@@ -121,7 +139,7 @@ async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer,
             continue
         ep, actor, started = None, policy, time.monotonic()
         try:
-            actor = policy_factory(task, sample, sandbox) if policy_factory else policy
+            actor = make_policy(task, sample, sandbox) if make_policy else policy
             ep = new_episode(task["problem_statement"], tokenizer, episode)
             bound = episode.episode_timeout_s + EPISODE_GRACE_S
             try:
@@ -188,30 +206,48 @@ class PartWriter:
             self.last = time.monotonic()
 
 
-async def collect(tasks: list[dict], spec: RolloutSpec, policy, tokenizer, cfg, store=None, *,
-                  concurrency: int | None = None, partial_key: str | None = None, flush_every_s: float = 0.0,
-                  on_episode=None, policy_factory=None, episode_runner=None) -> pa.Table:
-    """Run `spec.samples_per_task` episodes of every task; return the trajectories table.
+def served_episodes(policy, spec: RolloutSpec, tokenizer, cfg, store=None) -> Episodes:
+    """Every episode samples from `policy` (the served model's PolicyClient)."""
+    async def run(task: dict, sample: int) -> dict:
+        return await run_one(task, sample, spec, policy, tokenizer, cfg, store)
+    return run
 
-    `cfg` is the RunConfig (agent, sandbox, inference sections). With `partial_key` and a store,
-    finished episodes are committed there as they finish and skipped when already present.
-    `policy_factory(task, sample, sandbox)`, when given, makes each episode's policy (the scripted
-    solver of the demonstrations); otherwise every episode samples from `policy`.
-    `episode_runner(task, sample)`, when given, runs each episode elsewhere and returns its row
-    (tasks/cluster.py: RayEpisodes, which calls run_one in a Ray actor on another node).
+
+def scripted_episodes(make_policy, spec: RolloutSpec, tokenizer, cfg, store=None) -> Episodes:
+    """Each episode's policy is `make_policy(task, sample, sandbox)`, made once its sandbox is open
+    (the demonstrations' scripted solver, a test's script)."""
+    async def run(task: dict, sample: int) -> dict:
+        return await run_one(task, sample, spec, None, tokenizer, cfg, store, make_policy)
+    return run
+
+
+def adversary_episodes(policy, make_adversary, spec: RolloutSpec, tokenizer, cfg, store=None) -> Episodes:
+    """`policy`'s episodes with hostile ones mixed in: `make_adversary(task, sample, sandbox)`
+    (tasks/agent/adversary.py policy_factory) wraps `policy` for each episode; a row no policy
+    played (its sandbox never started) carries `policy`'s version."""
+    async def run(task: dict, sample: int) -> dict:
+        return await run_one(task, sample, spec, policy, tokenizer, cfg, store, make_adversary)
+    return run
+
+
+async def collect(tasks: list[dict], spec: RolloutSpec, episodes: Episodes, concurrency: int, *,
+                  partial: PartialTable | None = None, on_episode=None) -> pa.Table:
+    """Run `spec.samples_per_task` episodes of every task, `concurrency` at once, each through
+    `episodes`; return the trajectories table.
+
+    With `partial`, finished episodes are committed there as they finish, and those it already
+    holds are not run again. `on_episode(row)` is called with each finished row.
     """
-    done = read_partial(store, partial_key) if partial_key and store is not None else {}
-    writer = PartWriter(store, partial_key, "trajectories_partial", TRAJECTORIES, flush_every_s)
+    store, key, every_s = (partial.store, partial.key, partial.flush_every_s) if partial else (None, None, 0.0)
+    done = read_partial(store, key) if partial else {}
+    writer = PartWriter(store, key, "trajectories_partial", TRAJECTORIES, every_s)
     work = [(t, i) for t in tasks for i in range(spec.samples_per_task)
             if rollout_id(spec.run_id, spec.step, t["instance_id"], i) not in done]
-    sem = asyncio.Semaphore(concurrency or cfg.agent.concurrency)
+    sem = asyncio.Semaphore(concurrency)
 
     async def one(task: dict, sample: int):
         async with sem:
-            if episode_runner is not None:
-                row = await episode_runner(task, sample)
-            else:
-                row = await run_one(task, sample, spec, policy, tokenizer, cfg, store, policy_factory)
+            row = await episodes(task, sample)
         done[row["rollout_id"]] = row
         if on_episode is not None:
             on_episode(row)

@@ -126,7 +126,7 @@ def test_turns_are_the_tokens_of_the_calls(tokenizer, r2e_tasks):
 def test_library_against_tools_sandbox_and_grader(sandbox_backend, r2e_tasks, sandbox_store, tokenizer, canaries):
     """Each hostile kind alone in an episode, then `finish`; a gold-fix control; all graded."""
     from tasks.grading import grade_rollouts
-    from tasks.rollout import RolloutSpec, collect
+    from tasks.rollout import RolloutSpec, collect, scripted_episodes
 
     calc = r2e_tasks["calc"]
     task, gold = calc["row"], calc["gold"]
@@ -141,7 +141,8 @@ def test_library_against_tools_sandbox_and_grader(sandbox_backend, r2e_tasks, sa
     spec = RolloutSpec(run_id=f"adv-{sandbox_backend}", step=1, split="train", samples_per_task=len(kinds),
                        temperature=1.0, top_p=1.0)
     t0 = time.monotonic()
-    table = asyncio.run(collect([task], spec, None, tokenizer, cfg, sandbox_store, policy_factory=factory))
+    episodes = scripted_episodes(factory, spec, tokenizer, cfg, sandbox_store)
+    table = asyncio.run(collect([task], spec, episodes, cfg.agent.concurrency))
     rollout_s = time.monotonic() - t0
     rows = sorted(table.to_pylist(), key=lambda r: r["sample_index"])
     assert len(rows) == len(kinds)

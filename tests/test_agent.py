@@ -274,7 +274,7 @@ def test_episode_on_real_server_records_exact_tokens(calc_sandbox, policy_client
 
 def test_collect_writes_valid_trajectories_and_marks_infra_errors(policy_client, tokenizer, r2e_tasks, sandbox_store,
                                                                    sandbox_rootfs):
-    from tasks.rollout import RolloutSpec, collect, partial_parts
+    from tasks.rollout import PartialTable, RolloutSpec, collect, partial_parts, served_episodes
 
     cfg = RunConfig.model_validate({
         "sandbox": sandbox_cfg("bwrap").model_dump(),
@@ -286,8 +286,9 @@ def test_collect_writes_valid_trajectories_and_marks_infra_errors(policy_client,
                   environment_uri=sandbox_store.uri("environments/does-not-exist.tar.gz"))
     tasks = [r2e_tasks["calc"]["row"], broken]
     spec = RolloutSpec(run_id="t", step=1, split="train", samples_per_task=2, temperature=1.0, top_p=1.0)
-    table = asyncio.run(collect(tasks, spec, policy_client, tokenizer, cfg, sandbox_store,
-                                partial_key="runs/t/step-00001/trajectories_partial.parquet"))
+    partial = PartialTable(sandbox_store, "runs/t/step-00001/trajectories_partial.parquet")
+    table = asyncio.run(collect(tasks, spec, served_episodes(policy_client, spec, tokenizer, cfg, sandbox_store),
+                                cfg.agent.concurrency, partial=partial))
     TRAJECTORIES.validate(table)
     rows = table.to_pylist()
     assert len(rows) == 4
@@ -298,6 +299,8 @@ def test_collect_writes_valid_trajectories_and_marks_infra_errors(policy_client,
     parts = partial_parts(sandbox_store, "runs/t/step-00001/trajectories_partial.parquet")
     assert parts and sum(sandbox_store.read_table(k).num_rows for k in parts) == 4
     # a rerun of the stage reuses what the partial table holds and runs nothing again
-    again = asyncio.run(collect(tasks, spec, None, tokenizer, cfg, sandbox_store,
-                                partial_key="runs/t/step-00001/trajectories_partial.parquet"))
+    async def never(task, sample):
+        raise AssertionError(f"episode {task['instance_id']}/{sample} ran again")
+
+    again = asyncio.run(collect(tasks, spec, never, cfg.agent.concurrency, partial=partial))
     assert again.equals(table)

@@ -150,15 +150,16 @@ async def bug():
 
 def test_error_of_our_code_is_an_agent_error_row_and_masked(sandbox_backend, calc, sandbox_store, tokenizer):
     from schemas.tables import TRAJECTORIES
-    from tasks.rollout import RolloutSpec, collect
+    from tasks.rollout import RolloutSpec, collect, scripted_episodes
 
     cfg = run_cfg(sandbox_backend)
     view = call("file_editor", command="view", path=INIT)
     spec = RolloutSpec(run_id="b", step=1, split="train", samples_per_task=2, temperature=1.0, top_p=1.0)
     # Sample 0 meets a bug of ours in its second turn; sample 1 finishes: the stage goes on.
     scripts = {0: [view, bug], 1: [view, call("finish", command="submit")]}
-    table = asyncio.run(collect([calc], spec, None, tokenizer, cfg, sandbox_store,
-                                policy_factory=lambda task, sample, sb: Scripted(tokenizer, scripts[sample])))
+    episodes = scripted_episodes(lambda task, sample, sb: Scripted(tokenizer, scripts[sample]), spec, tokenizer, cfg,
+                                 sandbox_store)
+    table = asyncio.run(collect([calc], spec, episodes, cfg.agent.concurrency))
     TRAJECTORIES.validate(table)
     broken, fine = table.to_pylist()
     assert fine["finish_reason"] == "submitted" and fine["error"] is None

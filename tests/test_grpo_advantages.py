@@ -1,11 +1,18 @@
-"""Table-level GRPO advantages: masking, zero-variance groups, join errors."""
+"""Table-level GRPO advantages: masking, zero-variance groups, join errors, and the table against the
+module docstring's formulas written out one sample at a time (property-based)."""
+
+import math
+import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.config import GRPOConfig
 from schemas.tables import ADVANTAGES, REWARDS, TRAJECTORIES
 from tasks.grpo.advantages import (
+    MASK_GRADING_ENV_ERROR,
     MASK_GRADING_INFRA_ERROR,
     MASK_STALE,
     MASK_ZERO_VARIANCE,
@@ -163,3 +170,78 @@ def test_join_errors_name_rollout_ids():
     wrong_task = REWARDS.from_rows([reward_row("a0", "B", 1.0)] + [reward_row(r, "A", 1.0) for r in ("a1", "a2")])
     with pytest.raises(JoinError, match=r"instance_id.*a0"):
         compute_advantages(t, wrong_task, GRPOConfig())
+
+
+def reference_table(samples, cfg, policy_version):
+    """The module docstring's formulas and compute_advantages' masking rules, one sample at a time in
+    plain floats: rollout id -> (advantage, baseline, group_std, mask_reason, group_valid)."""
+    def reason(s):
+        if s["finish"] in MASKED_FINISH_REASONS:
+            return MASKED_FINISH_REASONS[s["finish"]]
+        if policy_version is not None and s["version"] < policy_version - cfg.max_trajectory_age:
+            return MASK_STALE
+        if s["status"] == "env_error":
+            return MASK_GRADING_ENV_ERROR
+        return MASK_GRADING_INFRA_ERROR if s["status"] != "graded" or s["reward"] is None else None
+
+    out = {}
+    for g in {s["group"] for s in samples}:
+        members = [s for s in samples if s["group"] == g]
+        kept = {s["id"]: s["reward"] for s in members if reason(s) is None}
+        zero_variance = len(set(kept.values())) <= 1
+        mean = sum(kept.values()) / len(kept) if kept else 0.0
+        spread = math.sqrt(sum((x - mean) ** 2 for x in kept.values()) / (len(kept) - 1)) if len(kept) > 1 else 0.0
+        for s in members:
+            why = reason(s)
+            if why is not None:
+                out[s["id"]] = (0.0, mean, spread, why, len(kept))
+                continue
+            peers = [x for i, x in kept.items() if not (cfg.leave_one_out_baseline and i == s["id"])]
+            n = len(peers)
+            if len(kept) <= 1:
+                b, std = s["reward"], 0.0
+            else:
+                b = sum(peers) / n
+                var = (sum(x * x for x in peers) / n - b * b) * n / (n - 1) if n > 1 else 0.0
+                std = math.sqrt(max(var, 0.0))
+            adv = s["reward"] - b
+            if cfg.normalize_rewards and std > 0:
+                adv /= std + 1e-6
+            zv_masked = zero_variance and cfg.filter_zero_variance_groups
+            out[s["id"]] = (0.0 if zero_variance else adv, b, std, MASK_ZERO_VARIANCE if zv_masked else None,
+                            len(kept))
+    return out
+
+
+SAMPLE = st.fixed_dictionaries({
+    "reward": st.sampled_from([0.0, 1.0, None]),
+    "finish": st.sampled_from(["submitted"] * 4 + sorted(MASKED_FINISH_REASONS) + ["max_turns", "patch_too_large"]),
+    "status": st.sampled_from(["graded"] * 6 + ["env_error", "infra_error"]),
+    "version": st.sampled_from([1, 2, 3]),
+})
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups=st.lists(st.lists(SAMPLE, min_size=1, max_size=9), min_size=1, max_size=5),
+       leave_one_out=st.booleans(), normalize=st.booleans(), filter_zero_variance=st.booleans(),
+       policy_version=st.sampled_from([None, 3]), max_age=st.sampled_from([0, 1]), seed=st.integers(0, 2**16))
+def test_table_matches_reference_formulas(groups, leave_one_out, normalize, filter_zero_variance, policy_version,
+                                          max_age, seed):
+    samples = [dict(s, id=f"g{g}-{j}", group=f"G{g}", reward=None if s["status"] == "infra_error" else s["reward"])
+               for g, members in enumerate(groups) for j, s in enumerate(members)]
+    random.Random(seed).shuffle(samples)  # groups interleaved, as a step's rows may be
+    traj, rew = [], []
+    for s in samples:
+        traj.append(traj_row(s["id"], s["group"], s["finish"], version=s["version"]))
+        rew.append(dict(reward_row(s["id"], s["group"], s["reward"]), grading_status=s["status"],
+                        error=None if s["status"] == "graded" else s["status"]))
+    cfg = GRPOConfig(leave_one_out_baseline=leave_one_out, normalize_rewards=normalize,
+                     filter_zero_variance_groups=filter_zero_variance, max_trajectory_age=max_age)
+    out = compute_advantages(TRAJECTORIES.from_rows(traj), REWARDS.from_rows(rew), cfg, policy_version=policy_version)
+    assert out.column("rollout_id").to_pylist() == [s["id"] for s in samples]
+    want = reference_table(samples, cfg, policy_version)
+    for row in out.to_pylist():
+        adv, b, std, why, n_valid = want[row["rollout_id"]]
+        got = (row["advantage"], row["baseline"], row["group_std"])
+        assert got == pytest.approx((adv, b, std), rel=1e-6, abs=1e-12), row
+        assert (row["mask_reason"], row["masked"], row["group_valid"]) == (why, why is not None, n_valid), row

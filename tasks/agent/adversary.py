@@ -630,7 +630,7 @@ class AdversarialPolicy:
 
 
 def policy_factory(inner, tokenizer, tasks_gold, run_id: str, step: int, rate: float, seed: int, max_turns: int):
-    """For tasks/rollout.py collect(policy_factory=...): each episode's policy, planned by rollout id.
+    """For tasks/rollout.py adversary_episodes: each episode's policy, planned by rollout id.
     `tasks_gold(task) -> gold patch` (tasks.dataset.mini.gold_patch)."""
     from tasks.rollout import rollout_id
 

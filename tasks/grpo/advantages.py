@@ -18,6 +18,7 @@ keeps its unnormalised r - b (e.g. the single success in a group of failures get
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import pyarrow as pa
@@ -55,6 +56,52 @@ def _groups(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:
     return members
 
 
+@dataclass
+class GroupStats:
+    """One group's statistics, computed once (`group_statistics`)."""
+
+    baseline: torch.Tensor  # b_i of each sample
+    std: torch.Tensor  # std_i of each sample
+    n_valid: int
+    zero_variance: bool  # at most one distinct valid reward: the group says nothing
+    mean: float  # the valid rewards' plain mean and sample std: what a masked row reports
+    spread: float
+
+
+def group_statistics(r: torch.Tensor, valid: torch.Tensor, leave_one_out: bool) -> GroupStats:
+    """The module docstring's b_i and std_i for one group's rewards `r`; samples with `valid` 0 are
+    left out of every sum."""
+    v = valid.to(r.dtype)
+    kept = [x for x, keep in zip(r.tolist(), v.tolist()) if keep]
+    n_valid = len(kept)
+    mean = sum(kept) / n_valid if n_valid else 0.0
+    spread = (sum((x - mean) ** 2 for x in kept) / (n_valid - 1)) ** 0.5 if n_valid > 1 else 0.0
+    stats = GroupStats(r.clone(), torch.zeros_like(r), n_valid, len(set(kept)) <= 1, mean, spread)
+    if v.sum() <= 1:
+        return stats  # nothing to compare with: b = r, std 0, advantage 0
+    # Row i of `peers` selects the set S_i sample i is compared with.
+    peers = torch.ones(len(r), len(r), dtype=r.dtype)
+    if leave_one_out:
+        peers -= torch.eye(len(r), dtype=r.dtype)
+    # float32 count on purpose: NeMo-RL's n/(n-1) carries float32 rounding.
+    n = v.float().sum() - int(leave_one_out)
+    stats.baseline = peers @ (r * v) / n
+    mean_sq = peers @ (r.pow(2) * v) / n
+    # n = 1 (LOO over two samples) gives 0 * inf = nan, and equal rewards can round
+    # to a tiny negative variance: both mean "no spread", std 0.
+    stats.std = ((mean_sq - stats.baseline.square()) * (n / (n - 1))).sqrt().nan_to_num(0)
+    return stats
+
+
+def advantage(r: torch.Tensor, baseline: torch.Tensor, std: torch.Tensor, normalize: bool) -> torch.Tensor:
+    """A_i = r_i - b_i, divided by std_i + 1e-6 where normalizing and std_i > 0."""
+    adv = r - baseline
+    if normalize:
+        # Groups without spread are not sharpened: dividing by ~0 would blow them up.
+        adv = torch.where(std > 0, adv / (std + STD_EPS), adv)
+    return adv
+
+
 def baseline_and_std(
     rewards: torch.Tensor,
     group_ids: Sequence[Hashable] | torch.Tensor,
@@ -69,22 +116,8 @@ def baseline_and_std(
     std = torch.zeros_like(rewards)
     for members in _groups(group_ids).values():
         idx = torch.tensor(members)
-        r, v = rewards[idx], valid[idx]
-        if v.sum() <= 1:
-            baseline[idx] = r  # nothing to compare with: advantage 0
-            continue
-        # Row i of `peers` selects the set S_i sample i is compared with.
-        peers = torch.ones(len(members), len(members), dtype=rewards.dtype)
-        if leave_one_out:
-            peers -= torch.eye(len(members), dtype=rewards.dtype)
-        # float32 count on purpose: NeMo-RL's n/(n-1) carries float32 rounding.
-        n = v.float().sum() - int(leave_one_out)
-        b = peers @ (r * v) / n
-        mean_sq = peers @ (r.pow(2) * v) / n
-        baseline[idx] = b
-        # n = 1 (LOO over two samples) gives 0 * inf = nan, and equal rewards can round
-        # to a tiny negative variance: both mean "no spread", std 0.
-        std[idx] = ((mean_sq - b.square()) * (n / (n - 1))).sqrt().nan_to_num(0)
+        stats = group_statistics(rewards[idx], valid[idx], leave_one_out)
+        baseline[idx], std[idx] = stats.baseline, stats.std
     return baseline, std
 
 
@@ -102,12 +135,7 @@ def grpo_advantages(
     over a sequence's tokens yourself.
     """
     baseline, std = baseline_and_std(rewards, group_ids, valid_mask, leave_one_out)
-    adv = rewards - baseline
-    if normalize:
-        # Groups without spread are not sharpened: dividing by ~0 would blow them up.
-        spread = std > 0
-        adv = torch.where(spread, adv / (std + STD_EPS), adv)
-    return adv, baseline, std
+    return advantage(rewards, baseline, std, normalize), baseline, std
 
 
 def check_one_to_one(left_ids: Sequence[str], right_ids: Sequence[str], left: str, right: str,
@@ -140,6 +168,34 @@ def compute_advantages(trajectories: pa.Table, rewards: pa.Table, cfg: GRPOConfi
     advantage 0. Zero-variance groups (all valid rewards equal) get advantage 0; with
     cfg.filter_zero_variance_groups they are also masked. `summarize_advantages` counts both.
     """
+    pairs = _join(trajectories, rewards)
+    reasons = [_mask_reason(t, w, cfg, policy_version) for t, w in pairs]
+    rows = [None] * len(pairs)
+    for g, idx in _groups([t["group_id"] for t, _ in pairs]).items():
+        # Masked rewards may be null; 0 is a placeholder the valid mask removes from every sum.
+        r = torch.tensor([0.0 if reasons[i] else pairs[i][1]["reward"] for i in idx], dtype=torch.float64)
+        valid = torch.tensor([reasons[i] is None for i in idx], dtype=torch.float64)
+        stats = group_statistics(r, valid, cfg.leave_one_out_baseline)
+        adv = advantage(r, stats.baseline, stats.std, cfg.normalize_rewards)
+        for k, i in enumerate(idx):
+            (t, w), reason = pairs[i], reasons[i]
+            # Masked rows report the group's plain mean and std, for people reading the table.
+            b, s = (stats.mean, stats.spread) if reason else (stats.baseline[k].item(), stats.std[k].item())
+            if reason is None and stats.zero_variance and cfg.filter_zero_variance_groups:
+                reason = MASK_ZERO_VARIANCE
+            rows[i] = {
+                "rollout_id": t["rollout_id"], "run_id": t["run_id"], "step": t["step"], "group_id": g,
+                "instance_id": t["instance_id"], "reward": w["reward"], "baseline": b, "group_std": s,
+                "advantage": 0.0 if reason or stats.zero_variance else adv[k].item(),
+                "group_size": len(idx), "group_valid": stats.n_valid,
+                "masked": reason is not None, "mask_reason": reason,
+            }
+    return ADVANTAGES.validate(ADVANTAGES.from_rows(rows))
+
+
+def _join(trajectories: pa.Table, rewards: pa.Table) -> list[tuple[dict, dict]]:
+    """(trajectory row, its reward row) in the trajectories' order; JoinError unless the tables match
+    one to one on rollout_id and agree on instance_id."""
     traj = trajectories.select(["rollout_id", "run_id", "step", "group_id", "instance_id", "finish_reason",
                                 "policy_version"]).to_pylist()
     rew = rewards.select(["rollout_id", "instance_id", "reward", "grading_status"]).to_pylist()
@@ -148,53 +204,20 @@ def compute_advantages(trajectories: pa.Table, rewards: pa.Table, cfg: GRPOConfi
     wrong = [t["rollout_id"] for t in traj if by_id[t["rollout_id"]]["instance_id"] != t["instance_id"]]
     if wrong:
         raise JoinError(f"rewards and trajectories disagree on instance_id for rollout ids {', '.join(wrong[:5])}")
+    return [(t, by_id[t["rollout_id"]]) for t in traj]
 
-    reasons: list[str | None] = []
-    values: list[float | None] = []
-    for t in traj:
-        r = by_id[t["rollout_id"]]
-        values.append(r["reward"])
-        if t["finish_reason"] in MASKED_FINISH_REASONS:
-            reasons.append(MASKED_FINISH_REASONS[t["finish_reason"]])
-        elif policy_version is not None and t["policy_version"] < policy_version - cfg.max_trajectory_age:
-            reasons.append(MASK_STALE)
-        elif r["grading_status"] == "env_error":
-            reasons.append(MASK_GRADING_ENV_ERROR)
-        elif r["grading_status"] != "graded" or r["reward"] is None:
-            reasons.append(MASK_GRADING_INFRA_ERROR)
-        else:
-            reasons.append(None)
 
-    group_ids = [t["group_id"] for t in traj]
-    valid = torch.tensor([m is None for m in reasons], dtype=torch.float64)
-    # Masked rewards may be null; 0 is a placeholder the valid mask removes from every sum.
-    r = torch.tensor([0.0 if v is None or m is not None else v for v, m in zip(values, reasons)], dtype=torch.float64)
-    adv, baseline, std = grpo_advantages(r, group_ids, leave_one_out=cfg.leave_one_out_baseline,
-                                         normalize=cfg.normalize_rewards, valid_mask=valid)
-    members = _groups(group_ids)
-    rows = [None] * len(traj)
-    for g, idx in members.items():
-        valid_rewards = [r[i].item() for i in idx if reasons[i] is None]
-        zero_variance = len(set(valid_rewards)) <= 1
-        n_valid = len(valid_rewards)
-        # Masked rows report the group's plain mean and std, for people reading the table.
-        mean = sum(valid_rewards) / n_valid if n_valid else 0.0
-        spread = (sum((v - mean) ** 2 for v in valid_rewards) / (n_valid - 1)) ** 0.5 if n_valid > 1 else 0.0
-        for i in idx:
-            t, masked = traj[i], reasons[i] is not None
-            reason = reasons[i]
-            if zero_variance and not masked and cfg.filter_zero_variance_groups:
-                masked, reason = True, MASK_ZERO_VARIANCE
-            a = 0.0 if masked or zero_variance else adv[i].item()
-            b, s = (mean, spread) if reasons[i] is not None else (baseline[i].item(), std[i].item())
-            rows[i] = {
-                "rollout_id": t["rollout_id"], "run_id": t["run_id"], "step": t["step"],
-                "group_id": g, "instance_id": t["instance_id"], "reward": values[i],
-                "baseline": b, "group_std": s, "advantage": a,
-                "group_size": len(idx), "group_valid": n_valid,
-                "masked": masked, "mask_reason": reason,
-            }
-    return ADVANTAGES.validate(ADVANTAGES.from_rows(rows))
+def _mask_reason(traj: dict, reward: dict, cfg: GRPOConfig, policy_version: int | None) -> str | None:
+    """Why a sample is left out of its group's statistics (None: it counts); the first reason wins."""
+    if traj["finish_reason"] in MASKED_FINISH_REASONS:
+        return MASKED_FINISH_REASONS[traj["finish_reason"]]
+    if policy_version is not None and traj["policy_version"] < policy_version - cfg.max_trajectory_age:
+        return MASK_STALE
+    if reward["grading_status"] == "env_error":
+        return MASK_GRADING_ENV_ERROR
+    if reward["grading_status"] != "graded" or reward["reward"] is None:
+        return MASK_GRADING_INFRA_ERROR
+    return None
 
 
 def summarize_advantages(table: pa.Table) -> dict:

@@ -35,7 +35,7 @@ def main():
     import pyarrow.parquet as pq
 
     from flows.grpo_iteration import grpo_iteration, training_batch_ids
-    from tasks.rollout import RolloutSpec, collect
+    from tasks.rollout import RolloutSpec, collect, served_episodes
     from flows.prepare import prepare_run_context
     from schemas.presets import parse_overrides
     from tasks.grading import grade_rollouts
@@ -62,8 +62,9 @@ def main():
             spec = RolloutSpec(run_id=run_id, step=step, split="train",
                                samples_per_task=ctx.cfg.grpo.generations_per_prompt, temperature=g.temperature,
                                top_p=g.top_p)
-            traj = ctx.loop.call(collect([ctx.tasks[i] for i in training_batch_ids(ctx, step)], spec, ctx.client,
-                                         ctx.tokenizer, ctx.cfg, ctx.store))
+            episodes = served_episodes(ctx.client, spec, ctx.tokenizer, ctx.cfg, ctx.store)
+            traj = ctx.loop.call(collect([ctx.tasks[i] for i in training_batch_ids(ctx, step)], spec, episodes,
+                                         ctx.cfg.agent.concurrency))
             rows = traj.select(["rollout_id", "instance_id", "final_patch"]).to_pylist()
             rewards = grade_rollouts([(r["rollout_id"], run_id, step, ctx.tasks[r["instance_id"]], r["final_patch"])
                                       for r in rows], ctx.cfg.sandbox, ctx.store)  # the store only serves task archives
