@@ -64,8 +64,9 @@ def eval_until_solved(ctx: RunContext, step: int) -> tuple[str, str]:
     return keys
 
 
-@task(name="pass-at-k", cache_policy=NONE)
-def pass_at_k(ctx: RunContext, step: int, trajectories_key: str, rewards_key: str, seconds: float) -> dict:
+@task(name="summarize-evaluation", cache_policy=NONE)
+def summarize_evaluation(ctx: RunContext, step: int, trajectories_key: str, rewards_key: str,
+                         seconds: float) -> dict:
     key = stage_key(ctx.run_id, step, "eval_summary")
     if ctx.store.is_committed(key):
         return ctx.store.read_table(key).to_pylist()[0]
@@ -91,7 +92,7 @@ def evaluation(ctx: RunContext, step: int) -> dict:
     else:
         traj = eval_rollouts(ctx, step)
         rew = grading(ctx, step, traj, stage="eval_rewards")
-    row = pass_at_k(ctx, step, traj, rew, time.monotonic() - t0)
+    row = summarize_evaluation(ctx, step, traj, rew, time.monotonic() - t0)
     hat = f"pass^{row['k']} {row['pass_hat_k']:.3f}  " if row["pass_hat_k"] is not None else ""
     log(f"step {step} evaluation: pass@{row['k']} {row['pass_at_k']:.3f}  pass@1 {row['pass_at_1']:.3f}  {hat}"
         f"({row['num_tasks']} tasks, {row['num_samples']} samples, {row['num_masked']} masked, "
