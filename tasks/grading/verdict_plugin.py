@@ -25,6 +25,10 @@ import os
 import sys
 import types
 
+if not __name__.startswith("rlvr_verdict_"):  # anywhere else, importing it would delete this very file
+    raise ImportError(f"{__file__} is the grader's pytest plugin: only a grading in a sandbox loads it "
+                      "(as rlvr_verdict_<nonce>, tasks/grading/verdict.py)")
+
 TESTBED = "/testbed/"
 WATCHED = ("_pytest.reports", "_pytest.runner", "_pytest.terminal", "_pytest.skipping", "_pytest.python",
            "_pytest.main", "_pytest.outcomes", "_pytest.capture", "_pytest.unittest", "_pytest.nodes",
