@@ -30,7 +30,15 @@ import time
 
 from prefect import flow
 
-from flows.runtime import code_version, log
+from flows.prepare import _local_model, dataset_id_of, prepare_config
+from flows.process import prefect_defaults
+from flows.runtime import RunContext, code_version, load_tasks, log, work_root
+from schemas.presets import ConfigError, load_config, load_recipe, parse_overrides, set_dotted
+from schemas.recipe import WarmStartRecipe, stages
+from tasks.dataset.build import tasks_sha256
+from tasks.evaluation import base_eval_id
+from tasks.policy import base
+from tasks.storage import Store
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -67,10 +75,6 @@ def continue_base(cfg, recipe, store, tasks_key: str, base_dir: pathlib.Path) ->
     from the frozen bf16 weights. Returns (init key, the last stage's store key, every stage, what
     it continued from)."""
     from flows.prepare import base_model, warm_start_chain
-    from schemas.recipe import WarmStartRecipe, stages
-    from tasks.dataset.build import tasks_sha256
-    from tasks.policy import base
-
     manifest = base.read_manifest(base_dir)
     if manifest is None:
         raise base.BaseCheckpointError(f"{base_dir} has no {base.MANIFEST}: only a frozen base can be continued")
@@ -115,8 +119,6 @@ def continue_base(cfg, recipe, store, tasks_key: str, base_dir: pathlib.Path) ->
 def base_configs(preset: str, overrides: dict) -> tuple:
     """(run config, warm-start recipe) of `make base`: the `sft` overrides are the recipe's, and the
     base is built, not loaded (model.path None, recorded in `overrides`)."""
-    from schemas.presets import load_config, load_recipe, set_dotted
-
     set_dotted(overrides, "model.path", None)
     cfg = load_config(preset, {k: v for k, v in overrides.items() if k != "sft"})
     return cfg, load_recipe(preset, overrides.get("sft"))
@@ -133,13 +135,6 @@ def build_base(preset: str = "mini", overrides: dict | None = None, out: str | N
                continue_from: str | None = None) -> dict:
     """Build the preset's base checkpoint from nothing (or by adding the missing stages to the frozen
     base `continue_from`), freeze it into `out` and measure it."""
-    from flows.prepare import _local_model, dataset_id_of, prepare_config
-    from flows.runtime import RunContext, load_tasks, work_root
-    from tasks.dataset.build import tasks_sha256
-    from tasks.evaluation import base_eval_id
-    from tasks.policy import base
-    from tasks.storage import Store
-
     overrides = dict(overrides or {})
     cfg, recipe = base_configs(preset, overrides)
     out_dir = pathlib.Path(out or REPO / "models" / f"{preset}-base").resolve()
@@ -212,9 +207,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="add the stages this recipe has beyond the frozen base DIR's (restart cycles, clean phase)")
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
-    from flows.process import prefect_defaults
-    from schemas.presets import ConfigError, parse_overrides
-
     prefect_defaults()
     try:
         base_configs(args.preset, parse_overrides(args.overrides))

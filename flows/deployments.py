@@ -18,6 +18,7 @@ run with the same tasks and subflows as `make run`, plus its UI artifacts.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import time
 import types
@@ -25,7 +26,9 @@ from typing import Literal
 
 from prefect import flow
 
-from schemas.presets import PRESETS
+from flows.artifacts import publish_run, publish_steps
+from flows.process import prefect_defaults
+from schemas.presets import PRESETS, load_config, parse_overrides
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 POOL = "rlvr"
@@ -36,10 +39,6 @@ PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]  # the form's d
 def _config(preset: str, overrides: list[str]):
     """Validate before anything starts: a bad override fails the flow run in its first second.
     RLVR_UI_STORE (set for `infra/ui.sh start`) is the store runs use unless an override names one."""
-    import os
-
-    from schemas.presets import load_config, parse_overrides
-
     ov = parse_overrides(overrides or [])
     store = os.environ.get("RLVR_UI_STORE")
     if store and "root" not in ov.get("storage", {}):  # the tests' UI: runs go to the test store, not the user's
@@ -57,7 +56,6 @@ def train_entry(preset: PresetName = "mini", run_id: str = "", overrides: list[s
         run_id: reuse one to resume a killed run; empty = PRESET-DATE-TIME
         overrides: section.field=value, one per item (e.g. max_steps=1, grpo.prompts_per_step=4)
     """
-    from flows.artifacts import publish_run, publish_steps
     from flows.train import train
     from tasks.storage import Store
 
@@ -151,8 +149,6 @@ def ensure_pool(name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from flows.process import prefect_defaults
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pool", default=POOL, help=f"process work pool to deploy to (default {POOL}; created if missing)")
     ap.add_argument("--repro-baseline", help="schedule reproducibility reruns of this run's configuration")

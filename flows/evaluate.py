@@ -12,9 +12,18 @@ import time
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
+from flows.prepare import prepare_run_context
 from flows.runtime import Progress, RunContext, log
 from flows.stages import collect_rollouts, grading
-from tasks.evaluation import eval_samples_table, eval_summary_row, spread, summarize, summarize_early_stop
+from tasks.evaluation import (
+    eval_samples_table,
+    eval_summary_row,
+    sample_until_solved,
+    spread,
+    summarize,
+    summarize_early_stop,
+    summary_table,
+)
 from tasks.storage import stage_key
 
 
@@ -43,7 +52,6 @@ def eval_rollouts(ctx: RunContext, step: int) -> str:
 @task(name="eval-until-solved", cache_policy=NONE)
 def eval_until_solved(ctx: RunContext, step: int) -> tuple[str, str]:
     """eval.early_stop: each task's samples until its first success (tasks/evaluation.py)."""
-    from tasks.evaluation import sample_until_solved
     from tasks.rollout import RolloutSpec
 
     keys = stage_key(ctx.run_id, step, "eval_trajectories"), stage_key(ctx.run_id, step, "eval_rewards")
@@ -78,7 +86,6 @@ def summarize_evaluation(ctx: RunContext, step: int, trajectories_key: str, rewa
     row = eval_summary_row(ctx.run_id, step, min(versions) if versions else ctx.policy_version, s, ctx.cfg.eval.k,
                            samples_count=step * ctx.cfg.grpo.global_batch_size, seconds=seconds,
                            procedure="early_stop" if early else "full", started_unix=time.time() - seconds)
-    from tasks.evaluation import summary_table
 
     ctx.store.write_table(key, summary_table([row]), stage="eval_summary")
     ctx.store.put_json(stage_key(ctx.run_id, step, "eval_spread").replace(".parquet", ".json"), spread(s))
@@ -104,8 +111,6 @@ def evaluation(ctx: RunContext, step: int) -> dict:
 def evaluate(preset: str = "mini", overrides: dict | None = None, checkpoint: str | None = None,
              run_id: str | None = None, step: int = 0) -> dict:
     """pass@k of `checkpoint` (a model dir or object-store URI; default: the preset's warm-started base)."""
-    from flows.prepare import prepare_run_context
-
     ctx, base = prepare_run_context(preset, overrides, run_id or f"eval-{int(time.time())}",
                                     dataset_only=checkpoint is not None)
     try:

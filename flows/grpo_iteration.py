@@ -8,6 +8,7 @@ after a crash redoes only what is missing.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 from prefect import flow, task
@@ -15,12 +16,11 @@ from prefect.cache_policies import NONE
 
 from flows.runtime import RunContext, log
 from flows.stages import checkpoint_key, collect_rollouts, grading
+from tasks.dataset.order import training_batch
 from tasks.storage import stage_key
 
 
 def training_batch_ids(ctx: RunContext, step: int) -> list[str]:
-    from tasks.dataset.order import training_batch
-
     g = ctx.cfg.grpo
     return training_batch(ctx.split_ids("train"), step - 1, g.prompts_per_step, ctx.cfg.seed, ctx.cfg.dataset.order)
 
@@ -88,8 +88,6 @@ def weight_sync(ctx: RunContext, step: int, checkpoint: str) -> int:
 
 
 def _prune_local_checkpoints(ctx: RunContext, keep: int) -> None:
-    import shutil
-
     dirs = sorted((ctx.workdir / "policy").glob("step-*"))
     for d in dirs[:-keep]:
         if d != ctx.policy_dir:

@@ -31,6 +31,7 @@ from flows.prepare import prepare_run_context
 from flows.process import prefect_defaults, stop_on_signals
 from flows.runtime import log
 from flows.stages import checkpoint_key
+from schemas.presets import parse_overrides
 
 POLL_S = 2.0
 
@@ -137,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-id", required=True)
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
-    from schemas.presets import parse_overrides
 
     prefect_defaults()
     stop_on_signals()

@@ -26,6 +26,7 @@ import random
 import tarfile
 import time
 
+import jinja2
 import pyarrow as pa
 from prefect import flow, task
 from prefect.cache_policies import NONE
@@ -34,7 +35,14 @@ from flows.runtime import EventLoopThread, Progress, RunContext, config_json, lo
 from schemas.config import RunConfig
 from schemas.presets import load_config, load_recipe
 from schemas.recipe import STORE_VERSION, Demonstrations, SFTStage, WarmStartRecipe, stages
-from tasks.storage import Store
+from tasks.agent.prompts import INSTANCE_PROMPT, SYSTEM_PROMPT
+from tasks.agent.tools import prompt_tools
+from tasks.dataset.build import build_dataset, build_warm_start_pool
+from tasks.dataset.mini import gold_patch
+from tasks.policy.base import check_dataset, check_files, read_manifest
+from tasks.policy.worker import TrainerWorker
+from tasks.sandbox import image
+from tasks.storage import Store, check_run_id
 
 TOKENIZER_CORPUS_VERSION = 4
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -57,7 +65,6 @@ def sandbox_image(cfg: RunConfig) -> None:
             rows = []
         if not any(r.get("environment_uri") for r in rows):
             return
-    from tasks.sandbox import image
 
     t0 = time.monotonic()
     root = image.ensure_image(docker_too=cfg.sandbox.backend == "docker")
@@ -66,8 +73,6 @@ def sandbox_image(cfg: RunConfig) -> None:
 
 @task(name="dataset", cache_policy=NONE)
 def dataset(cfg: RunConfig, store: Store) -> str:
-    from tasks.dataset.build import build_dataset
-
     t0 = time.monotonic()
     key = build_dataset(cfg.dataset, store, cfg.sandbox,
                         progress=lambda what, total: Progress(what, total, "gradings", every_s=20))
@@ -81,10 +86,6 @@ def _agent_text(style: str) -> str:
     It opens every episode and frames every tool call, so the tokenizer should learn it: with the
     schemas in its corpus the prompt shrinks by more than half, and so does what every rollout and
     update pays for."""
-    import jinja2
-
-    from tasks.agent.prompts import INSTANCE_PROMPT, SYSTEM_PROMPT
-    from tasks.agent.tools import prompt_tools
     from tasks.policy.tokenizer import CHAT_TEMPLATE, assistant_text, observation_segment
 
     env = jinja2.Environment()
@@ -150,8 +151,6 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str,
     from transformers import AutoTokenizer
 
     from tasks.agent.scripted import ScriptedSolver
-    from tasks.dataset.build import build_warm_start_pool
-    from tasks.dataset.mini import gold_patch
     from tasks.rollout import RolloutSpec, collect, scripted_episodes
 
     key = demonstrations_key(tasks_key, model_key, cfg.agent.prompt_style, demos)
@@ -207,8 +206,6 @@ def stage_key(parent_key: str, demos_key: str, stage: SFTStage) -> str:
 @task(name="sft-stage", cache_policy=NONE)
 def sft_stage(cfg: RunConfig, store: Store, parent_key: str, demos_key: str, stage: SFTStage) -> str:
     """One SFT run of the warm start (tasks/policy/sft.py) from checkpoint parent_key: one checkpoint."""
-    from tasks.policy.worker import TrainerWorker
-
     key = stage_key(parent_key, demos_key, stage)
     if store.exists(key + ".commit"):
         return key
@@ -294,7 +291,6 @@ def dataset_id_of(tasks_key: str) -> str:
 def shipped_base(cfg: RunConfig) -> tuple[pathlib.Path, dict | None]:
     """The local directory of cfg.model.path and its base manifest (None for a checkpoint without one),
     checked before anything starts: every file the manifest lists, with its sha256, and the dataset config."""
-    from tasks.policy.base import check_dataset, check_files, read_manifest
     from tasks.policy.model import resolve_model_dir
 
     path = cfg.model.path
@@ -310,8 +306,6 @@ def shipped_base(cfg: RunConfig) -> tuple[pathlib.Path, dict | None]:
 
 
 def prepare_run_context(preset: str, overrides, run_id: str, dataset_only: bool = False) -> tuple[RunContext, dict]:
-    from tasks.storage import check_run_id
-
     check_run_id(run_id)  # before anything is built: the id names a directory under the work root
     cfg = load_config(preset, overrides)
     prepared = prepare_config(cfg, dataset_only)

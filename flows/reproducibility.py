@@ -36,9 +36,11 @@ import pyarrow as pa
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from flows.artifacts import _flow_run_id, artifact_key, publish_run, publish_steps
+from flows.runtime import log
+from schemas.tables import REPRODUCIBILITY as REPORT  # noqa: E402
+from schemas.tables import REPRODUCIBILITY_METRICS as METRICS
 from tasks.storage import Store, stage_key
-
-from schemas.tables import REPRODUCIBILITY as REPORT, REPRODUCIBILITY_METRICS as METRICS  # noqa: E402
 
 
 class Tolerances(BaseModel):
@@ -240,9 +242,6 @@ def reproducibility(baseline_run_id: str, rerun_id: str = "", store_root: str = 
         endpoint_url: S3 endpoint for s3:// stores that are not AWS
         tolerances: how far the rerun may be from the baseline before the flow run fails
     """
-    from flows.artifacts import _flow_run_id, artifact_key, publish_run, publish_steps
-    from flows.runtime import log
-
     store = Store(store_root, endpoint_url or None)
     base = store.read_manifest(baseline_run_id)
     if base is None or base.status not in FINISHED:

@@ -13,6 +13,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from flows.runtime import Progress, RunContext, log
+from tasks.grading import grade_rollouts
 from tasks.grading.grader import hack_report
 from tasks.storage import Store, stage_key
 
@@ -66,8 +67,6 @@ async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], 
 @task(name="grading", cache_policy=NONE)
 def grading(ctx: RunContext, step: int, trajectories_key: str, stage: str = "rewards") -> str:
     """Each trajectory's final patch graded by its task's hidden tests; commits the `stage` table."""
-    from tasks.grading import grade_rollouts
-
     key = stage_key(ctx.run_id, step, stage)
     if ctx.store.is_committed(key):
         return key

@@ -21,6 +21,7 @@ measured. A task costs 1 episode when its first sample succeeds, k when none doe
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import pathlib
@@ -30,7 +31,8 @@ from math import comb
 
 import pyarrow as pa
 
-from schemas.tables import EVAL_SAMPLES, EVAL_SUMMARY
+from schemas.tables import EVAL_SAMPLES, EVAL_SUMMARY, REWARDS, TRAJECTORIES
+from tasks.grading import GradeResult, grade_patch
 
 # Rollouts broken by infrastructure or by our own code: not graded, never a 0, another sample is drawn.
 UNGRADED_FINISH_REASONS = ("infra_error", "agent_error")
@@ -134,10 +136,6 @@ async def sample_until_solved(tasks: list[dict], spec, policy, tokenizer, cfg, s
     gradings), so no task waits for another's slowest sample. Each finished sample is committed
     (trajectory and reward parts next to `partial_key`), so a rerun continues where it stopped.
     Returns (trajectories, rewards) of the samples drawn."""
-    import asyncio
-
-    from schemas.tables import REWARDS, TRAJECTORIES
-    from tasks.grading import GradeResult, grade_patch
     from tasks.rollout import PartWriter, read_partial, rollout_id, run_one
 
     reward_key = partial_key.replace("trajectories_partial", "rewards_partial") if partial_key else None

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from schemas.config import RunConfig
+from tasks.evaluation import base_eval_id
 from tasks.grading.grader import reward_hacking
 from tasks.storage import Store
 
@@ -57,9 +59,6 @@ class Run:
 
     def base_run_id(self) -> str | None:
         """The run id under which the warm-started base checkpoint was evaluated (`base-<model>-<digest>`)."""
-        from schemas.config import RunConfig
-        from tasks.evaluation import base_eval_id
-
         m = self.store.read_manifest(self.run_id)
         if m is None or not m.prepared.get("base_model") or not m.prepared.get("tasks"):
             return None

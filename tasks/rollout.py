@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from schemas.tables import TRAJECTORIES
 from tasks.agent.loop import Episode, EpisodeConfig, ServerMismatchError, new_episode, run_episode
+from tasks.inference import InferenceUnavailable
 
 # Past episode_timeout_s, which the loop checks between turns: room for the turn in progress (a
 # generation, its tool calls) and the final diff before the episode is cut from outside.
@@ -124,7 +125,6 @@ async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer,
     agent_error row with what the episode held so far. With `make_policy(task, sample, sandbox)`
     the episode's policy is made in its open sandbox; `policy` (or None) then only dates a row
     that no policy played."""
-    from tasks.inference import InferenceUnavailable
     from tasks.sandbox import SandboxInfraError, open_sandbox
 
     episode = EpisodeConfig.of(cfg.agent, spec.split, spec.temperature, spec.top_p)

@@ -34,6 +34,7 @@ from schemas.config import STORE_SCHEMES as SCHEMES
 from schemas.manifest import RunManifest
 from schemas.presets import PermanentError
 from schemas.tables import SCHEMAS, TableValidationError, schema_for
+from tasks.supervise import owner_gone
 
 COMMIT_SUFFIX = ".commit"
 # A silent S3 endpoint fails in S3FS_RETRIES x S3_ATTEMPTS x S3_READ_TIMEOUT_S (~40 s), not botocore's ~7 min.
@@ -319,8 +320,6 @@ class Store:
     def read_manifest(self, run_id: str) -> RunManifest | None:
         """The run's manifest; a `running` attempt whose owner process is gone reads `killed` (it was
         killed outright and could not record its end), and so does the run if that was its last."""
-        from tasks.supervise import owner_gone
-
         key = f"runs/{check_run_id(run_id)}/manifest.json"
         if not self.exists(key):
             return None

@@ -26,7 +26,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from schemas.config import SandboxConfig, StorageConfig
 from tasks.dataset import mini, r2e
+from tasks.dataset.verify import check_tasks
+from tasks.grading import grade_patch
+from tasks.sandbox import RUN_TESTS_SH, EnvironmentSpecError, image
+from tasks.sandbox.environment import build_archive_from_dir, snapshot_left_out
+from tasks.storage import Store
 
 VENV_BUILD_TIMEOUT_S = 900.0
 LOG_TAIL_CHARS = 2000
@@ -118,9 +124,6 @@ def parsed_commit_from_patch(repo: pathlib.Path, patch: str, message: str) -> di
 
 def build_task(task_dir: pathlib.Path, store, sandbox_cfg, offline: bool = False) -> tuple[dict, list[str]]:
     """(R2E-Gym-style row with environment_uri, notes) for one task directory; raises ImportFailure."""
-    from tasks.sandbox import EnvironmentSpecError, RUN_TESTS_SH
-    from tasks.sandbox.environment import build_archive_from_dir, snapshot_left_out
-
     name, repo, tests = task_dir.name, task_dir / "repo", task_dir / "r2e_tests"
     spec_path = task_dir / "task.json"
     try:
@@ -164,8 +167,6 @@ def build_task(task_dir: pathlib.Path, store, sandbox_cfg, offline: bool = False
 
 
 def _expected_from_gold(row: dict, gold: str, store, sandbox_cfg) -> dict:
-    from tasks.grading import grade_patch
-
     res = grade_patch(dict(row, instance_id=r2e.instance_id_for(row), expected_output_json="{}"), gold,
                       sandbox_cfg, store)
     if res.grading_status != "graded" or not res.test_statuses or "" in res.test_statuses:
@@ -193,8 +194,6 @@ def _local_copy(src: str, tmp: pathlib.Path, store) -> pathlib.Path:
 def import_tasks(src: str | os.PathLike, store, sandbox_cfg, offline: bool = False, num_validation: int | None = None,
                  seed: int = 0, log=print) -> ImportResult:
     """Build, verify and store every task under src (see the module docstring); never raises for one task."""
-    from tasks.dataset.verify import check_tasks
-
     res = ImportResult()
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="rlvr-import-src-") as tmp:
@@ -260,9 +259,6 @@ def _write(res: ImportResult, store, num_validation: int | None, seed: int, log)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from schemas.config import SandboxConfig, StorageConfig
-    from tasks.storage import Store
-
     p = argparse.ArgumentParser(prog="python -m tasks.dataset.importer", description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="directory (or object-store prefix) with one directory per task")
     p.add_argument("--store", default=StorageConfig().root, help="object store root (default: %(default)s)")
@@ -272,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=2, help="sandboxes at once")
     a = p.parse_args(argv)
-    from tasks.sandbox import image
 
     image.ensure_image(docker_too=a.backend == "docker")
     cfg = SandboxConfig(backend=a.backend, concurrency=a.concurrency)

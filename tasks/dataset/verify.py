@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tasks.dataset import mini
+from tasks.grading import grade_patch, grade_rollouts
+from tasks.sandbox import image
 
 
 class DatasetVerificationError(RuntimeError):
@@ -67,8 +69,6 @@ def check_tasks(rows: list[dict], store, sandbox_cfg, progress=None, gold_runs: 
     hashes the row, its archive, the image and the backend). progress(what, total) makes a counter
     called per grading.
     """
-    from tasks.grading import grade_patch, grade_rollouts  # the sandbox engineer's module; needs the sandbox image
-
     failures: dict[str, str] = {}
     items, patches, markers = [], {}, {}
     for row in rows:
@@ -111,8 +111,6 @@ def check_tasks(rows: list[dict], store, sandbox_cfg, progress=None, gold_runs: 
 
 
 def _verification_key(row: dict, store, sandbox_cfg) -> str:
-    from tasks.sandbox import image
-
     h = hashlib.sha256()
     for col in ("instance_id", "parsed_commit_content", "expected_output_json", "docker_image"):
         h.update(str(row.get(col)).encode() + b"\0")

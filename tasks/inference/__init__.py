@@ -1,6 +1,8 @@
 """vLLM inference: the managed server (server.py), the token-in/token-out client
 and weight reloads (client.py), and the GPU NCCL weight push (weight_sync.py)."""
 
+import contextlib
+
 from tasks.inference.client import (
     Completion,
     ContextLengthError,
@@ -25,8 +27,6 @@ __all__ = [
 def managed_or_external(cfg, model_dir, **server_kwargs):
     """Context manager yielding the base URLs to use for `cfg` (an InferenceConfig):
     external mode -> cfg.base_urls as they are; managed -> one VLLMServer for `model_dir`."""
-    import contextlib
-
     @contextlib.contextmanager
     def _cm():
         if cfg.mode == "external":

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from schemas.config import ModelConfig
 from schemas.presets import PermanentError
+from tasks.policy import tokenizer as tok_lib
 
 if TYPE_CHECKING:  # torch/transformers are imported where used: the checks below stay light
     import torch
@@ -43,8 +44,6 @@ class MissingModelFileError(PermanentError, FileNotFoundError):
 
 def build_hf_config(cfg: ModelConfig, tokenizer):
     """The transformers config of the tiny model described by `cfg`."""
-    from tasks.policy import tokenizer as tok_lib
-
     ids = tok_lib.special_token_ids(tokenizer)
     if len(tokenizer) > cfg.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} ids > model vocab_size {cfg.vocab_size}")
@@ -133,8 +132,6 @@ def save_pretrained_policy(model: PreTrainedModel, tokenizer, out_dir: str | os.
 def create_tiny_policy(cfg: ModelConfig, out_dir: str | os.PathLike, corpus: Iterable[str] | None = None) -> pathlib.Path:
     """Train the tokenizer on `corpus` (None = tokenizer.default_corpus()), build the
     tiny model from `cfg` and save both to `out_dir`."""
-    from tasks.policy import tokenizer as tok_lib
-
     tokenizer = tok_lib.train_tokenizer(corpus, vocab_size=cfg.vocab_size)
     return save_pretrained_policy(build_tiny_model(cfg, tokenizer), tokenizer, out_dir)
 

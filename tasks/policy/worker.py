@@ -37,6 +37,7 @@ WorkerError, and stops or kills the whole process tree.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -51,6 +52,7 @@ import weakref
 from pathlib import Path
 
 from schemas.config import RunConfig
+from schemas.recipe import SFTStage
 
 OPS = {"grpo": ("trajectories", "advantages", "out"), "sft": ("demonstrations", "out", "stage"), "stop": ()}  # op -> fields
 log = logging.getLogger(__name__)
@@ -130,7 +132,6 @@ def _handle_sft(cfg: RunConfig, model_dir: str, precision: str | None, req: dict
     from tasks.policy.runtime import init_runtime
     from tasks.policy.sft import sft_train
 
-    from schemas.recipe import SFTStage
 
     main = init_runtime(precision).main
     try:
@@ -183,7 +184,6 @@ def _die_with_launcher() -> None:
     """Under torchrun: if the launcher is SIGKILLed (no chance to stop its ranks), the ranks go too."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return  # a 1-rank worker stops on end of stdin when its client goes
-    import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:  # the launcher was already gone

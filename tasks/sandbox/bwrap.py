@@ -30,9 +30,25 @@ import threading
 import time
 
 from tasks.sandbox import image as image_mod
-from tasks.sandbox.base import (LOCAL_PATH, PRISTINE_GIT, BaseSandbox, CommandResult, OutputCap, SandboxError,
-                                SandboxInfraError, add_cpu_seconds, check_argv, chown_tree, decode,
-                                mount_tmpfs, new_id, register, remove_tmpfs_dir, tree_bytes)
+from tasks.sandbox.base import (
+    LOCAL_PATH,
+    PRISTINE_GIT,
+    BaseSandbox,
+    CommandResult,
+    OutputCap,
+    SandboxError,
+    SandboxInfraError,
+    add_cpu_seconds,
+    check_argv,
+    chown_tree,
+    decode,
+    mount_tmpfs,
+    new_id,
+    owner_pid,
+    register,
+    remove_tmpfs_dir,
+    tree_bytes,
+)
 from tasks.sandbox.environment import SANDBOX_UID, Environment
 
 HOST_UID = int(os.environ.get("RLVR_BWRAP_HOST_UID", "61000"))
@@ -345,8 +361,6 @@ def _parents() -> list[pathlib.Path]:
 
 def reap_stale(pid_alive) -> list[str]:
     """Remove cgroups and work dirs whose owner process is gone. Returns what was removed."""
-    from tasks.sandbox.base import owner_pid
-
     removed = []
     for parent in _parents():
         if not parent.is_dir():
@@ -369,8 +383,6 @@ def reap_stale(pid_alive) -> list[str]:
 
 def leftovers(pid: int) -> list[str]:
     """Cgroups and work dirs a process still holds (tests assert this is empty after close)."""
-    from tasks.sandbox.base import owner_pid
-
     out = []
     for parent in _parents():
         if parent.is_dir():

@@ -24,6 +24,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from tasks.sandbox.image import cache_dir
+
 RUN_TESTS_SH = "#!/bin/bash\n.venv/bin/python -W ignore -m pytest -rA r2e_tests\n"
 GIT_EXCLUDES = ".venv\n__pycache__/\n*.pyc\n.pytest_cache/\n"
 SANDBOX_UID = 1000  # the user inside every sandbox (uid and gid)
@@ -113,8 +115,6 @@ def _sha256(path: pathlib.Path) -> str:
 
 
 def _extract(archive: pathlib.Path, key: str) -> pathlib.Path:
-    from tasks.sandbox.image import cache_dir  # imported late: `python -m tasks.sandbox.image` runs it
-
     envs = cache_dir() / "envs"
     dest = envs / key[:32]
     if (dest / ".complete").exists():
