@@ -198,7 +198,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str,
     return key
 
 
-def stage_key(parent_key: str, demos_key: str, stage: SFTStage) -> str:
+def sft_stage_key(parent_key: str, demos_key: str, stage: SFTStage) -> str:
     """A stage's checkpoint: its parent's, its demonstrations and its own settings (not its name)."""
     return f"models/base-{_digest(STORE_VERSION, parent_key, demos_key, stage.model_dump(exclude={'name'}))}"
 
@@ -206,7 +206,7 @@ def stage_key(parent_key: str, demos_key: str, stage: SFTStage) -> str:
 @task(name="sft-stage", cache_policy=NONE)
 def sft_stage(cfg: RunConfig, store: Store, parent_key: str, demos_key: str, stage: SFTStage) -> str:
     """One SFT run of the warm start (tasks/policy/sft.py) from checkpoint parent_key: one checkpoint."""
-    key = stage_key(parent_key, demos_key, stage)
+    key = sft_stage_key(parent_key, demos_key, stage)
     if store.exists(key + ".commit"):
         return key
     t0 = time.monotonic()

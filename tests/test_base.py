@@ -210,13 +210,13 @@ def test_tasks_sha256_ignores_where_archives_live_and_sees_content():
 
 
 def test_stage_keys_follow_their_parent_and_their_own_settings():
-    from flows.prepare import stage_key
+    from flows.prepare import sft_stage_key
     from schemas.recipe import stages
 
     def keys(**sft):
         key, out = "models/init-x", {}
         for stage in stages(load_recipe("mini", sft)):
-            key = out[stage.name] = stage_key(key, f"demos-{stage.demonstrations.per_task}", stage)
+            key = out[stage.name] = sft_stage_key(key, f"demos-{stage.demonstrations.per_task}", stage)
         return out
 
     shipped, more, habit = keys(), keys(restart_cycles=3), keys(habit_lr=1e-4)
