@@ -14,7 +14,8 @@ uv=.venv-uv/bin/uv
 test -x "$dir/bin/python" || "$python" -m venv "$dir"
 if [ "${INSTALLER:-uv}" = uv ] && ! "$uv" --version 2>/dev/null | grep -qx "uv $UV_VERSION"; then
     rm -rf .venv-uv
-    "$python" -m venv .venv-uv && .venv-uv/bin/pip install -q "uv==$UV_VERSION" || rm -rf .venv-uv
+    # --isolated: uv comes from PyPI; the extra indexes of a pip.conf would each print a warning.
+    "$python" -m venv .venv-uv && .venv-uv/bin/pip install --isolated --disable-pip-version-check -q "uv==$UV_VERSION" || rm -rf .venv-uv
 fi
 
 if [ "${INSTALLER:-uv}" = uv ] && [ -x "$uv" ]; then
