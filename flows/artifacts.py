@@ -130,6 +130,17 @@ def publish_run(ctx, summary: dict) -> None:
         _warn("the run summary", e)
 
 
+def _ci(e: dict, col: str) -> str:
+    """'0.721 [0.662, 0.773]', or the bare number for rows written before the intervals."""
+    if e.get(f"{col}_low") is None:
+        return f"{e[col]:.3f}"
+    return f"{e[col]:.3f} [{e[f'{col}_low']:.3f}, {e[f'{col}_high']:.3f}]"
+
+
+def _p(e: dict) -> str:
+    return "" if e.get("p_above_target") is None else f"{e['p_above_target']:.2f}"
+
+
 def run_markdown(ctx, summary: dict) -> str:
     from tasks.inspect import Run, pass_at_k_png, png_data_uri
 
@@ -145,24 +156,33 @@ def run_markdown(ctx, summary: dict) -> str:
     if evals or summary.get("base_pass_at_k") is not None:
         run = Run(store=ctx.store, run_id=ctx.run_id, manifest=ctx.store.read_manifest(ctx.run_id))
         lines += ["", f"![pass@k per evaluation]({png_data_uri(pass_at_k_png(run, target))})", "",
-                  "| step | pass@k | pass@1 | samples_count |", "|---:|---:|---:|---:|"]
+                  "| step | pass@k [95%] | pass@1 [95%] | P(> target) | samples_count |", "|---:|---:|---:|---:|---:|"]
         if summary.get("base_pass_at_k") is not None:
-            lines.append(f"| base | {summary['base_pass_at_k']:.3f} | {summary['base_pass_at_1']:.3f} | 0 |")
-        lines += [f"| {e['step']} | {e['pass_at_k']:.3f} | {e['pass_at_1']:.3f} | {e['samples_count']} |"
+            lines.append(f"| base | {summary['base_pass_at_k']:.3f} | {summary['base_pass_at_1']:.3f} | | 0 |")
+        lines += [f"| {e['step']} | {_ci(e, 'pass_at_k')} | {_ci(e, 'pass_at_1')} | {_p(e)} | {e['samples_count']} |"
                   for e in evals]
     off = summary.get("offline")
     if off:
         verdict = f"checkpoint **{off['passed_step']}** passed" if off["passed_step"] else "no checkpoint passed"
         lines += ["", f"Offline evaluation (outside the timed interval): {verdict}; training stopped after step "
                       f"{off['last_step']}; {off['minutes']:.1f} min of evaluation.", "",
-                  "| checkpoint | pass@k | pass@1 | samples | minutes |", "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {e['step']} | {e['pass_at_k']:.3f} | {e['pass_at_1']:.3f} | {e['samples']} | {e['minutes']:.1f} |"
-                  for e in off["evaluations"]]
+                  "| checkpoint | pass@k [95%] | pass@1 [95%] | P(> target) | samples | minutes |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {e['step']} | {_ci(e, 'pass_at_k')} | {_ci(e, 'pass_at_1')} | {_p(e)} | {e['samples']} | "
+                  f"{e['minutes']:.1f} |" for e in off["evaluations"]]
+    luck = summary.get("luck")
+    if luck:
+        lines += ["", f"Luck risk: **{luck['luck_risk']:.2f}**, the chance that a policy with true pass@k at "
+                      f"{luck['target']:g} passes at least once in the {luck['evaluations']} evaluation(s) this run "
+                      f"made ({luck['per_evaluation']:.2f} per evaluation; per-task rates shaped as step "
+                      f"{luck['from_step']}'s; evaluations taken as independent, an upper bound)."]
     rules = summary.get("rules") or []
     if rules:
-        lines += ["", f"Closed-division rules: {sum(r['ok'] for r in rules)} of {len(rules)} met", "",
+        checked = [r for r in rules if not r.get("info")]
+        lines += ["", f"Closed-division rules: {sum(r['ok'] for r in checked)} of {len(checked)} met", "",
                   "| rule | met | evidence |", "|---|:---:|---|"]
-        lines += [f"| {r['rule']} | {'yes' if r['ok'] else 'no'} | {r['evidence']} |" for r in rules]
+        lines += [f"| {r['rule']} | {'info' if r.get('info') else 'yes' if r['ok'] else 'no'} | {r['evidence']} |"
+                  for r in rules]
     stages = summary.get("stage_seconds") or {}
     if stages:
         total = sum(stages.values()) or 1.0

@@ -24,6 +24,7 @@ from tasks.evaluation import (
     summarize_early_stop,
     summary_table,
 )
+from tasks.gate import describe
 from tasks.storage import stage_key
 
 
@@ -85,7 +86,8 @@ def summarize_evaluation(ctx: RunContext, step: int, trajectories_key: str, rewa
     versions = samples["policy_version"].to_pylist()
     row = eval_summary_row(ctx.run_id, step, min(versions) if versions else ctx.policy_version, s, ctx.cfg.eval.k,
                            samples_count=step * ctx.cfg.grpo.global_batch_size, seconds=seconds,
-                           procedure="early_stop" if early else "full", started_unix=time.time() - seconds)
+                           procedure="early_stop" if early else "full", started_unix=time.time() - seconds,
+                           target=ctx.cfg.eval.target)
 
     ctx.store.write_table(key, summary_table([row]), stage="eval_summary")
     ctx.store.put_json(stage_key(ctx.run_id, step, "eval_spread").replace(".parquet", ".json"), spread(s))
@@ -101,7 +103,7 @@ def evaluation(ctx: RunContext, step: int) -> dict:
         rew = grading(ctx, step, traj, stage="eval_rewards")
     row = summarize_evaluation(ctx, step, traj, rew, time.monotonic() - t0)
     hat = f"pass^{row['k']} {row['pass_hat_k']:.3f}  " if row["pass_hat_k"] is not None else ""
-    log(f"step {step} evaluation: pass@{row['k']} {row['pass_at_k']:.3f}  pass@1 {row['pass_at_1']:.3f}  {hat}"
+    log(f"step {step} evaluation: {describe(row, ctx.cfg.eval.target)}  pass@1 {row['pass_at_1']:.3f}  {hat}"
         f"({row['num_tasks']} tasks, {row['num_samples']} samples, {row['num_masked']} masked, "
         f"{row['eval_seconds'] / 60:.1f} min)")
     return row

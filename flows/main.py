@@ -58,6 +58,16 @@ def start_prefect_api() -> None:
             server.server_process.terminate = server.server_process.kill
 
 
+def pass_text(e: dict, target: float | None) -> str:
+    """'pass@4 0.721 [0.662, 0.773]  P(>0.69) 0.86': the interval and posterior when the row has them."""
+    out = f"pass@4 {e['pass_at_k']:.3f}"
+    if e.get("pass_at_k_low") is not None:
+        out += f" [{e['pass_at_k_low']:.3f}, {e['pass_at_k_high']:.3f}]"
+    if e.get("p_above_target") is not None and target is not None:
+        out += f"  P(>{target:g}) {e['p_above_target']:.2f}"
+    return out
+
+
 def print_summary(s: dict) -> None:
     print("\n==================== rlvr-flows: run summary ====================")
     print(f"run id            {s['run_id']}  ({s['status']}, {s['attempts']} attempt(s))")
@@ -75,7 +85,7 @@ def print_summary(s: dict) -> None:
     if off:
         for e in off["evaluations"]:
             mark = "  <- passed" if e["step"] == off["passed_step"] else ""
-            print(f"checkpoint {e['step']:>4}   pass@4 {e['pass_at_k']:.3f}  pass@1 {e['pass_at_1']:.3f}  "
+            print(f"checkpoint {e['step']:>4}   {pass_text(e, s.get('target'))}  pass@1 {e['pass_at_1']:.3f}  "
                   f"({e['samples']} samples, {e['minutes']:.1f} min, offline){mark}")
         verdict = (f"checkpoint {off['passed_step']} passed" if off["passed_step"] else "no checkpoint passed")
         past = f", {off['last_step'] - off['passed_step']} step(s) trained past it" if off["passed_step"] else ""
@@ -83,16 +93,22 @@ def print_summary(s: dict) -> None:
               f"{off['minutes']:.1f} min of evaluation, outside the timed interval")
     else:
         for e in s["evaluations"]:
-            print(f"eval step {e['step']:>4}    pass@4 {e['pass_at_k']:.3f}  pass@1 {e['pass_at_1']:.3f}  "
+            print(f"eval step {e['step']:>4}    {pass_text(e, s.get('target'))}  pass@1 {e['pass_at_1']:.3f}  "
                   f"(samples_count {e['samples_count']})")
+    luck = s.get("luck")
+    if luck:
+        print(f"luck risk         {luck['luck_risk']:.2f} over {luck['evaluations']} evaluation(s) "
+              f"({luck['per_evaluation']:.2f} each): a policy at pass@4 {luck['target']:g} passing by chance "
+              f"(upper bound; tasks/gate.py)")
     total = sum(s["stage_seconds"].values()) or 1.0
     print("time per stage    " + ", ".join(f"{k} {v:.0f}s ({100 * v / total:.0f}%)"
                                           for k, v in s["stage_seconds"].items()))
     rules = s.get("rules") or []
     if rules:
-        print(f"closed-division rules: {sum(r['ok'] for r in rules)} of {len(rules)} met")
+        checked = [r for r in rules if not r.get("info")]
+        print(f"closed-division rules: {sum(r['ok'] for r in checked)} of {len(checked)} met")
         for r in rules:
-            print(f"  [{'x' if r['ok'] else ' '}] {r['rule']}: {r['evidence']}")
+            print(f"  [{'i' if r.get('info') else 'x' if r['ok'] else ' '}] {r['rule']}: {r['evidence']}")
     print(f"MLPerf log        {s['mlperf_log']}")
     print(f"run tables        {s['tables']}")
     print("==================================================================\n")

@@ -2,7 +2,7 @@
 
 From eval.start_step on, training commits a checkpoint after every step with the time its
 weights were updated (before the checkpoint was written). This flow evaluates them in step
-order on a vLLM server of its own, stops at the first whose pass@k reaches eval.target (or,
+order on a vLLM server of its own, stops at the first whose pass@k is above eval.target (or,
 with eval.offline_search="bisect" after training, searches from the last checkpoint back), and
 records the outcome in the store:
 
@@ -32,6 +32,7 @@ from flows.process import prefect_defaults, stop_on_signals
 from flows.runtime import log
 from flows.stages import checkpoint_key
 from schemas.presets import parse_overrides
+from tasks.gate import describe, passes
 
 POLL_S = 2.0
 
@@ -88,7 +89,7 @@ def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_
     cfg, store = ctx.cfg, ctx.store
     start, search, started = max(1, cfg.eval.start_step), cfg.eval.offline_search, False
     # Verdicts already committed (a resumed evaluation does not redo them).
-    passed = {r["step"]: r["pass_at_k"] >= cfg.eval.target for r in evaluated_rows(store, run_id, start)}
+    passed = {r["step"]: passes(r["pass_at_k"], cfg.eval.target) for r in evaluated_rows(store, run_id, start)}
     evaluated = []
     try:
         while (done := outcome(store, run_id)) is None:
@@ -106,7 +107,7 @@ def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_
                     done = {"passed_step": first, "weight_update_end_unix": rec.get("weight_update_end_unix"),
                             "pass_at_k": row["pass_at_k"], "target": cfg.eval.target, "search": search}
                     store.put_json(f"runs/{run_id}/offline_eval.json", done)
-                    log(f"offline evaluation: checkpoint {first} passes (pass@{row['k']} {row['pass_at_k']:.3f} >= "
+                    log(f"offline evaluation: checkpoint {first} passes ({describe(row, cfg.eval.target)}, above "
                         f"{cfg.eval.target}; {len(passed)} checkpoints evaluated, {search})")
                 break  # settled, or every checkpoint evaluated and none passed
             rec = checkpoint_commit(store, run_id, step)
@@ -123,7 +124,7 @@ def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_
                 ctx.loop.call(ctx.client.reload_weights(local, step))
             t0 = time.time()
             row = evaluation(ctx, step)
-            passed[step] = row["pass_at_k"] >= cfg.eval.target
+            passed[step] = passes(row["pass_at_k"], cfg.eval.target)
             evaluated.append({"step": step, "pass_at_k": row["pass_at_k"], "pass_at_1": row["pass_at_1"],
                               "eval_seconds": row["eval_seconds"], "num_samples": row["num_samples"],
                               "started_unix": t0, "weight_update_end_unix": rec.get("weight_update_end_unix")})

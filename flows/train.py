@@ -40,7 +40,8 @@ from flows.runtime import RunContext, code_version, config_json, log
 from flows.stages import checkpoint_key, last_checkpoint
 from schemas.manifest import Attempt, RunManifest
 from schemas.presets import ConfigError, format_overrides
-from tasks.evaluation import base_eval_id
+from tasks.evaluation import base_eval_id, run_luck
+from tasks.gate import passes
 from tasks.mlperf import RunLog, deviations, read_log_times, rules_report
 from tasks.policy.base import read_manifest
 from tasks.storage import Store
@@ -251,7 +252,7 @@ def evaluate_step(ctx: RunContext, mllog: StoredRunLog, step: int) -> bool:
     if not logged:
         mllog.event(C.EVAL_ACCURACY, row["pass_at_k"], metadata={"samples_count": n})
         mllog.end(C.EVAL_STOP, metadata={"samples_count": n})
-    return row["pass_at_k"] >= ctx.cfg.eval.target
+    return passes(row["pass_at_k"], ctx.cfg.eval.target)
 
 
 def _eval_due(cfg, step: int) -> bool:
@@ -336,6 +337,12 @@ def publish_summary(ctx: RunContext, prepared: dict, base_row: dict | None = Non
     return summary
 
 
+def _gate(row: dict) -> dict:
+    """An eval_summary row's intervals and P(> target) (None in tables written before them)."""
+    return {c: row.get(c) for c in ("pass_at_k_low", "pass_at_k_high", "pass_at_1_low", "pass_at_1_high",
+                                    "p_above_target")}
+
+
 def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None) -> dict:
     """What `make run` prints at the end: time to train, pass@k per evaluation, stage times, where things are."""
     store, run_id = ctx.store, ctx.run_id
@@ -358,8 +365,8 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
                    "last_step": done["last_step"] if done else None,
                    "minutes": round(sum(r["eval_seconds"] for r in rows) / 60, 1),
                    "evaluations": [{"step": r["step"], "pass_at_k": r["pass_at_k"], "pass_at_1": r["pass_at_1"],
-                                    "minutes": round(r["eval_seconds"] / 60, 1), "samples": r["num_samples"]}
-                                   for r in rows]}
+                                    "minutes": round(r["eval_seconds"] / 60, 1), "samples": r["num_samples"],
+                                    **_gate(r)} for r in rows]}
     else:
         for e in evals:
             stage_totals["evaluation"] = stage_totals.get("evaluation", 0.0) + e["eval_seconds"]
@@ -379,11 +386,14 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
         "attempts": len(manifest.attempts) if manifest else 0,
         "time_to_train_s": times.get("run_seconds"),
         "steps": steps,
+        "target": ctx.cfg.eval.target,
         "base_pass_at_k": base_row["pass_at_k"] if base_row else None,
         "base_pass_at_1": base_row["pass_at_1"] if base_row else None,
         "base_recorded": recorded,
         "evaluations": [{"step": e["step"], "pass_at_k": e["pass_at_k"], "pass_at_1": e["pass_at_1"],
-                         "samples_count": e["samples_count"]} for e in sorted(evals, key=lambda e: e["step"])],
+                         "samples_count": e["samples_count"], **_gate(e)}
+                        for e in sorted(evals, key=lambda e: e["step"])],
+        "luck": run_luck(store, run_id, range(1, steps + 1), ctx.cfg.eval.target),
         "offline": offline,
         "rules": rules_report(ctx.cfg, store, run_id),
         "stage_seconds": {k: round(v, 1) for k, v in sorted(stage_totals.items())},

@@ -520,9 +520,16 @@ EVAL_SUMMARY = TableSchema(
         "procedure": (STR, True),
         # Unix time the evaluation started (offline evaluations are logged after training with it).
         "started_unix": (F64, True),
+        # 95% Wilson intervals over tasks and P(true pass@k > eval.target) (tasks/gate.py); null before.
+        "pass_at_k_low": (F64, True),
+        "pass_at_k_high": (F64, True),
+        "pass_at_1_low": (F64, True),
+        "pass_at_1_high": (F64, True),
+        "p_above_target": (F64, True),
     },
     unique=["step"],
-    added_later=("procedure", "started_unix"),
+    added_later=("procedure", "started_unix", "pass_at_k_low", "pass_at_k_high", "pass_at_1_low", "pass_at_1_high",
+                 "p_above_target"),
     rules=[
         _rule("pass_at_k_in_unit", "pass_at_k", _between("pass_at_k", 0.0, 1.0), "must be in [0, 1]"),
         _rule("pass_at_1_in_unit", "pass_at_1", _between("pass_at_1", 0.0, 1.0), "must be in [0, 1]"),

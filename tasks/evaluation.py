@@ -26,12 +26,13 @@ import hashlib
 import json
 import pathlib
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import comb
 
 import pyarrow as pa
 
 from schemas.tables import EVAL_SAMPLES, EVAL_SUMMARY, REWARDS, TRAJECTORIES
+from tasks.gate import gate_columns, luck_risk, passes, posterior_q_means
 from tasks.grading import GradeResult, grade_patch
 
 # Rollouts broken by infrastructure or by our own code: not graded, never a 0, another sample is drawn.
@@ -79,6 +80,8 @@ class PassSummary:
     short_tasks: int
     # Per task: the share of its valid samples that succeeded (for spread diagnostics).
     task_success: dict[str, float]
+    # Per task: (successes, failures) among the samples counted, for the posterior (tasks/gate.py).
+    task_outcomes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def summarize(samples: list[dict], k: int, task_ids: list[str] | None = None) -> PassSummary:
@@ -102,6 +105,7 @@ def summarize(samples: list[dict], k: int, task_ids: list[str] | None = None) ->
         num_tasks=len(ids), num_samples=sum(n.values()), num_masked=masked,
         short_tasks=sum(1 for i in ids if n[i] < k),
         task_success={i: (c[i] / n[i] if n[i] else 0.0) for i in ids},
+        task_outcomes={i: (c[i], n[i] - c[i]) for i in ids},
     )
 
 
@@ -125,6 +129,7 @@ def summarize_early_stop(samples: list[dict], k: int, task_ids: list[str] | None
         num_tasks=len(ids), num_samples=sum(len(d) for d in drawn.values()), num_masked=masked,
         short_tasks=sum(1 for d in drawn.values() if len(d) < k and not any(d)),
         task_success={i: max(d, default=0.0) for i, d in drawn.items()},
+        task_outcomes={i: (int(sum(d)), len(d) - int(sum(d))) for i, d in drawn.items()},
     )
 
 
@@ -224,11 +229,15 @@ def eval_samples_table(trajectories: pa.Table, rewards: pa.Table) -> pa.Table:
 
 
 def eval_summary_row(run_id: str, step: int, policy_version: int, s: PassSummary, k: int, samples_count: int,
-                     seconds: float, procedure: str = "full", started_unix: float | None = None) -> dict:
+                     seconds: float, procedure: str = "full", started_unix: float | None = None,
+                     target: float | None = None) -> dict:
+    """One eval_summary row; with `target`, P(pass@k > target) too (the intervals need none)."""
+    outcomes = [s.task_outcomes[i] for i in sorted(s.task_outcomes)]
     return dict(run_id=run_id, step=step, policy_version=policy_version, k=k, pass_at_k=s.pass_at_k,
                 pass_at_1=s.pass_at_1, pass_hat_k=s.pass_hat_k, num_tasks=s.num_tasks, num_samples=s.num_samples,
                 num_masked=s.num_masked, samples_count=samples_count, eval_seconds=seconds, procedure=procedure,
-                started_unix=started_unix)
+                started_unix=started_unix,
+                **gate_columns(s.pass_at_k, s.pass_at_1, s.num_tasks, outcomes, k, target))
 
 
 def summary_table(rows: list[dict]) -> pa.Table:
@@ -247,4 +256,29 @@ def spread(s: PassSummary) -> dict:
 def to_json(s: PassSummary) -> str:
     d = dict(s.__dict__)
     d.pop("task_success")
+    d.pop("task_outcomes")
     return json.dumps(d)
+
+
+def run_luck(store, run_id: str, steps, target: float) -> dict | None:
+    """The luck risk of a run (tasks/gate.py): per-task rates from the eval_samples of its first
+    passing checkpoint (else its last evaluated), over the number of checkpoints it evaluated."""
+    rows = [store.read_stage(run_id, s, "eval_summary").to_pylist()[0] for s in steps
+            if store.stage_committed(run_id, s, "eval_summary")]
+    if not rows:
+        return None
+    row = next((r for r in rows if passes(r["pass_at_k"], target)), rows[-1])
+    if not store.stage_committed(run_id, row["step"], "eval_samples"):
+        return None
+    samples = store.read_stage(run_id, row["step"], "eval_samples").to_pylist()
+    s = (summarize_early_stop if row.get("procedure") == "early_stop" else summarize)(samples, row["k"])
+    # Tasks the evaluation listed but no sample reached count as failures, as in its pass@k.
+    q = list(posterior_q_means(list(s.task_outcomes.values()), row["k"])) + [0.0] * (row["num_tasks"] - s.num_tasks)
+    return {"luck_risk": luck_risk(q, len(rows), target), "per_evaluation": luck_risk(q, 1, target),
+            "evaluations": len(rows), "from_step": row["step"], "target": target}
+
+
+def describe_luck(luck: dict) -> str:
+    return (f"{luck['luck_risk']:.2f}: chance that a policy with true pass@k at {luck['target']:g} passes at least "
+            f"once in {luck['evaluations']} evaluation(s) ({luck['per_evaluation']:.2f} per evaluation; per-task "
+            f"rates shaped as step {luck['from_step']}'s, evaluations taken as independent: an upper bound)")

@@ -173,6 +173,7 @@ def rules_report(cfg, store, run_id: str) -> list[dict]:
     evidence (a count, a key, a value): what a submitter otherwise checks by hand."""
     import pyarrow.compute as pc
 
+    from tasks.evaluation import describe_luck, run_luck
     from tasks.grpo.advantages import MASK_ZERO_VARIANCE, MASKED_FINISH_REASONS
 
     out = []
@@ -226,6 +227,10 @@ def rules_report(cfg, store, run_id: str) -> list[dict]:
         rule("run_stop is the passing checkpoint's weight-update time, its write excluded",
              bool(stop) and stop[-1]["time_ms"] == want,
              f"checkpoint {result['passed_step']}: run_stop {stop[-1]['time_ms'] if stop else None}, update {want}")
+
+    luck = run_luck(store, run_id, range(1, steps + 1), cfg.eval.target)
+    if luck is not None:  # reported beside the rules: no rule bounds it
+        out.append({"rule": "luck risk of the pass", "ok": True, "info": True, "evidence": describe_luck(luck)})
 
     dropped = truncated = truncated_unmasked = infra = infra_unmasked = env = 0
     env_by_task: dict[str, set] = {}

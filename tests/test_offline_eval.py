@@ -192,9 +192,9 @@ def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smok
     from tasks.storage import Store
 
     run_id = f"test-offline-{int(time.time())}"
-    # Target 0: the first checkpoint passes (what the reference's own check of this path does too).
+    # A negative target: the first checkpoint passes whatever it solves (the gate is strict, as the checker).
     # A budget well past what the evaluator needs to start its server and pass checkpoint 1 on a loaded machine.
-    overrides = _offline(smoke_server.base_url, **{"eval.target": 0.0, "eval.offline_order": "concurrent",
+    overrides = _offline(smoke_server.base_url, **{"eval.target": -1.0, "eval.offline_order": "concurrent",
                                                    "max_steps": 30})
     proc = _run(run_id, overrides, flow_env(tmp_path))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -216,7 +216,7 @@ def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smok
     log = tmp_path / "mlperf.log"
     log.write_bytes(store.get_bytes(f"runs/{run_id}/mlperf.log"))
     ok, out = check(str(log))
-    # Target 0 here, so the checker's only complaint may be the benchmark's 0.69 accuracy target
+    # A target below 0.69 here, so the checker's only complaint may be the benchmark's 0.69 accuracy target
     # (its warning names the check; its one ERROR line is the verdict "FAILED").
     errors = [ln for ln in out.splitlines() if "ERROR" in ln]
     assert ok or ("Failed checks for eval_accuracy : v['value'] > 0.69" in out
