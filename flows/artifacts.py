@@ -172,8 +172,9 @@ def run_markdown(ctx, summary: dict) -> str:
                   f"{e['minutes']:.1f} |" for e in off["evaluations"]]
     luck = summary.get("luck")
     if luck:
-        lines += ["", f"Luck risk: **{luck['luck_risk']:.2f}**, the chance that a policy with true pass@k at "
-                      f"{luck['target']:g} passes at least once in the {luck['evaluations']} evaluation(s) this run "
+        lines += ["", f"Luck risk: **{luck['luck_risk']:.2f}**, the chance that a policy with true pass@k "
+                      f"{luck['true_pass']:.2f} passes (> {luck['target']:g}) at least once in the "
+                      f"{luck['evaluations']} evaluation(s) this run "
                       f"made ({luck['per_evaluation']:.2f} per evaluation; per-task rates shaped as step "
                       f"{luck['from_step']}'s; evaluations taken as independent, an upper bound)."]
     rules = summary.get("rules") or []

@@ -98,7 +98,7 @@ def print_summary(s: dict) -> None:
     luck = s.get("luck")
     if luck:
         print(f"luck risk         {luck['luck_risk']:.2f} over {luck['evaluations']} evaluation(s) "
-              f"({luck['per_evaluation']:.2f} each): a policy at pass@4 {luck['target']:g} passing by chance "
+              f"({luck['per_evaluation']:.2f} each): a policy at pass@4 {luck['true_pass']:.2f} passing by chance "
               f"(upper bound; tasks/gate.py)")
     total = sum(s["stage_seconds"].values()) or 1.0
     print("time per stage    " + ", ".join(f"{k} {v:.0f}s ({100 * v / total:.0f}%)"

@@ -260,9 +260,10 @@ def to_json(s: PassSummary) -> str:
     return json.dumps(d)
 
 
-def run_luck(store, run_id: str, steps, target: float) -> dict | None:
-    """The luck risk of a run (tasks/gate.py): per-task rates from the eval_samples of its first
-    passing checkpoint (else its last evaluated), over the number of checkpoints it evaluated."""
+def run_luck(store, run_id: str, steps, target: float, margin: float = 0.02) -> dict | None:
+    """The luck risk of a run (tasks/gate.py): the chance that a policy `margin` below the target
+    passes at least once in as many evaluations as the run made, per-task rates shaped as the
+    eval_samples of its first passing checkpoint (else its last evaluated)."""
     rows = [store.read_stage(run_id, s, "eval_summary").to_pylist()[0] for s in steps
             if store.stage_committed(run_id, s, "eval_summary")]
     if not rows:
@@ -274,11 +275,13 @@ def run_luck(store, run_id: str, steps, target: float) -> dict | None:
     s = (summarize_early_stop if row.get("procedure") == "early_stop" else summarize)(samples, row["k"])
     # Tasks the evaluation listed but no sample reached count as failures, as in its pass@k.
     q = list(posterior_q_means(list(s.task_outcomes.values()), row["k"])) + [0.0] * (row["num_tasks"] - s.num_tasks)
-    return {"luck_risk": luck_risk(q, len(rows), target), "per_evaluation": luck_risk(q, 1, target),
-            "evaluations": len(rows), "from_step": row["step"], "target": target}
+    at = target - margin
+    return {"luck_risk": luck_risk(q, len(rows), target, at), "per_evaluation": luck_risk(q, 1, target, at),
+            "evaluations": len(rows), "from_step": row["step"], "target": target, "true_pass": at}
 
 
 def describe_luck(luck: dict) -> str:
-    return (f"{luck['luck_risk']:.2f}: chance that a policy with true pass@k at {luck['target']:g} passes at least "
+    return (f"{luck['luck_risk']:.2f}: chance that a policy with true pass@k {luck.get('true_pass', luck['target']):.2f} "
+            f"passes (> {luck['target']:g}) at least "
             f"once in {luck['evaluations']} evaluation(s) ({luck['per_evaluation']:.2f} per evaluation; per-task "
             f"rates shaped as step {luck['from_step']}'s, evaluations taken as independent: an upper bound)")

@@ -138,15 +138,19 @@ def pass_chance(q, target: float) -> float:
     return float(dist[need:].sum())
 
 
-def luck_risk(per_task_q, evaluations: int, target: float) -> float:
-    """Chance that a policy with true pass@k at the target, tasks shaped like per_task_q, passes
-    at least once in `evaluations` evaluations (independent: an upper bound, see the module doc)."""
+def luck_risk(per_task_q, evaluations: int, target: float, true_pass: float | None = None) -> float:
+    """Chance that a policy with true pass@k `true_pass` (default: the target itself), tasks shaped
+    like per_task_q, passes (> target) at least once in `evaluations` evaluations (independent: an
+    upper bound, see the module doc)."""
+    true_pass = target if true_pass is None else true_pass
     if evaluations <= 0 or target >= 1:
         return 0.0
     if target < 0:
         return 1.0  # every evaluation passes
+    if true_pass <= 0:
+        return 0.0  # a policy that solves nothing never passes a target >= 0
     q = np.clip(np.asarray(per_task_q, dtype=float), 1e-6, 1 - 1e-6)
-    p = pass_chance(_shift_to_mean(q, target), target)
+    p = pass_chance(_shift_to_mean(q, min(true_pass, 1 - 1e-6)), target)
     return float(1 - (1 - p) ** evaluations)
 
 

@@ -160,6 +160,7 @@ def test_run_luck_reads_the_passing_checkpoints_samples(tmp_path):
     luck = run_luck(store, "r", range(1, 5), 0.69)
     assert luck["from_step"] == 3 and luck["evaluations"] == 2
     q = gate.posterior_q_means([(1, 0)] * 180 + [(0, 4)] * 71, 4)
-    assert luck["luck_risk"] == pytest.approx(gate.luck_risk(q, 2, 0.69))
-    assert luck["per_evaluation"] < luck["luck_risk"] < 1
+    assert luck["true_pass"] == pytest.approx(0.67)  # the default margin: 2 points under the target
+    assert luck["luck_risk"] == pytest.approx(gate.luck_risk(q, 2, 0.69, 0.67))
+    assert luck["per_evaluation"] < luck["luck_risk"] < gate.luck_risk(q, 2, 0.69)  # further under, less luck
     assert run_luck(store, "r", range(4, 6), 0.69) is None  # no evaluation in range
