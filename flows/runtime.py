@@ -44,8 +44,8 @@ def _run_logger():
 
 
 class Progress:
-    """Counts for a long stage: "<what>: 120/951 tasks, 1.2 min, about 3.4 min left", logged at each
-    quarter, at least every `every_s` seconds, and at the end. Thread-safe: graders call it from
+    """Counts for a long stage: "<what>: 120/951 tasks, 1.2 min, about 3.4 min left" (the time left
+    once a tenth is done), logged at each quarter, at least every `every_s` seconds, and at the end. Thread-safe: graders call it from
     their pool."""
 
     def __init__(self, what: str, total: int, unit: str = "", every_s: float = 15.0):
@@ -66,7 +66,10 @@ class Progress:
                 return
             self.last = now
         took = now - self.t0
-        eta = f", about {_minutes(took / done * (self.total - done))} left" if done < self.total else ""
+        eta = ""
+        if done < self.total:  # items finish in waves: the first few say little about the rest
+            eta = (f", about {_minutes(took / done * (self.total - done))} left" if done >= max(1, self.total // 10)
+                   else ", estimating the time left")
         log(f"{self.what}: {done}/{self.total}{' ' + self.unit if self.unit else ''}, {_minutes(took)}{eta}",
             self.logger)
 

@@ -1,0 +1,16 @@
+"""A long stage's progress line says how much is left only once there is evidence for it."""
+from flows.runtime import Progress
+
+
+def test_time_left_waits_for_a_tenth_of_the_items(capsys):
+    progress = Progress("evaluation", 100, unit="tasks", every_s=0.0)
+    for _ in range(9):
+        progress()
+    early = capsys.readouterr().out.strip().splitlines()
+    assert len(early) == 9 and all("estimating the time left" in line and "about" not in line for line in early)
+    progress()
+    line = capsys.readouterr().out.strip()
+    assert "evaluation: 10/100 tasks" in line and "left" in line and "estimating" not in line
+    for _ in range(90):
+        progress()
+    assert "left" not in capsys.readouterr().out.strip().splitlines()[-1]  # done: nothing left to estimate
