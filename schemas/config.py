@@ -211,6 +211,10 @@ class AgentConfig(_Strict):
     # hostile and malformed actions against the tools, sandboxes and grader; 0 in real runs.
     adversary_rate: float = Field(0.0, ge=0, le=1)
     adversary_seed: int = 0
+    # Each generation request carries vLLM's per-request seed from (run seed, rollout, turn): a rerun of
+    # the configuration samples the same tokens wherever the logits agree. False: vLLM's own random
+    # state (unseeded), for comparing with runs made before seeding or measuring what seeding changes.
+    seeded_sampling: bool = True
 
 
 class GRPOConfig(_Strict):

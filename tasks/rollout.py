@@ -66,6 +66,12 @@ def rollout_id(run_id: str, step: int, instance_id: str, sample: int) -> str:
     return f"{run_id}/s{step:05d}/{instance_id}/{sample}"
 
 
+def sampling_key(spec: RolloutSpec, instance_id: str, sample: int) -> str:
+    """What seeds a rollout's requests (tasks/agent/loop.py request_seed): its rollout id without the
+    run id, which a rerun changes, and with the split, so evaluation and training never share seeds."""
+    return f"{spec.split}/s{spec.step:05d}/{instance_id}/{sample}"
+
+
 def episode_row(spec: RolloutSpec, task: dict, sample: int, ep: Episode, policy_version: int) -> dict:
     return dict(
         rollout_id=rollout_id(spec.run_id, spec.step, task["instance_id"], sample), run_id=spec.run_id,
@@ -128,6 +134,7 @@ async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer,
     from tasks.sandbox import SandboxInfraError, open_sandbox
 
     episode = EpisodeConfig.of(cfg.agent, spec.split, spec.temperature, spec.top_p)
+    run_seed = cfg.seed if cfg.agent.seeded_sampling else None
     version = policy.version if policy is not None else -1
     rid = rollout_id(spec.run_id, spec.step, task["instance_id"], sample)
     row, server_failures = None, 0
@@ -144,7 +151,8 @@ async def run_one(task: dict, sample: int, spec: RolloutSpec, policy, tokenizer,
             bound = episode.episode_timeout_s + EPISODE_GRACE_S
             try:
                 async with asyncio.timeout(bound) as clock:
-                    await run_episode(task["problem_statement"], sandbox, actor, tokenizer, episode, ep)
+                    await run_episode(task["problem_statement"], sandbox, actor, tokenizer, episode, ep,
+                                      run_seed, sampling_key(spec, task["instance_id"], sample))
             except TimeoutError:
                 if not clock.expired():
                     raise  # a TimeoutError of the episode's own, not our clock

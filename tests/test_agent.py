@@ -139,7 +139,7 @@ class Replay:
     def __init__(self, tokenizer, texts):
         self.tok, self.texts, self.prompts = tokenizer, list(texts), []
 
-    async def generate(self, prompt_ids, max_tokens, temperature, top_p):
+    async def generate(self, prompt_ids, max_tokens, temperature, top_p, *, seed=None):
         self.prompts.append(list(prompt_ids))
         text = self.texts.pop(0) if self.texts else "I give up<|im_end|>"
         ids = self.tok.encode(text, add_special_tokens=False)[:max_tokens]

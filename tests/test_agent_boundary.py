@@ -109,7 +109,7 @@ class Scripted:
     def __init__(self, tokenizer, turns):
         self.tok, self.turns = tokenizer, list(turns)
 
-    async def generate(self, prompt_ids, max_tokens, temperature, top_p):
+    async def generate(self, prompt_ids, max_tokens, temperature, top_p, *, seed=None):
         from tasks.inference.client import Completion
 
         turn = self.turns.pop(0) if self.turns else "<|im_end|>"

@@ -580,9 +580,9 @@ class AdversarialPolicy:
         self.i = 0
         self._byte_ids: dict[int, int] | None = None
 
-    async def generate(self, prompt_ids, max_tokens, temperature, top_p) -> Completion:
+    async def generate(self, prompt_ids, max_tokens, temperature, top_p, *, seed=None) -> Completion:
         if self.kinds is None:
-            return await self.inner.generate(prompt_ids, max_tokens, temperature, top_p)
+            return await self.inner.generate(prompt_ids, max_tokens, temperature, top_p, seed=seed)
         from tasks.policy.tokenizer import IM_END
 
         i, self.i = self.i, self.i + 1

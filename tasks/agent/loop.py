@@ -16,11 +16,16 @@ and the server saw.
 
 Whatever a tool call causes is an observation (ToolBox.call); the caller (tasks/rollout.py run_one)
 bounds the episode's wall clock from outside and turns an error of our own code into its row.
+
+Seeded sampling: with a run seed, turn t's request carries vLLM's per-request `seed`,
+request_seed(run seed, rollout, t), so a rerun of the same configuration draws the same random
+numbers for the same turn and samples the same tokens wherever the logits agree.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -38,7 +43,14 @@ class Policy(Protocol):
     version: int
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float,
-                       top_p: float) -> Completion: ...
+                       top_p: float, *, seed: int | None = None) -> Completion: ...
+
+
+def request_seed(run_seed: int, rollout: str, turn: int) -> int:
+    """The per-request sampling seed of a rollout's turn: a stable 63-bit hash (never Python's
+    hash(), which is salted per process), in vLLM's accepted range."""
+    digest = hashlib.sha256(f"{run_seed}:{rollout}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass(frozen=True)
@@ -108,9 +120,10 @@ def new_episode(problem_statement: str, tokenizer, cfg: EpisodeConfig) -> Episod
 
 
 async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer, cfg: EpisodeConfig,
-                      ep: Episode | None = None) -> Episode:
+                      ep: Episode | None = None, run_seed: int | None = None, rollout: str = "") -> Episode:
     """Play one episode; `ep` (from new_episode) lets the caller keep what it holds should the episode
-    not end by itself (an error, a cut from outside)."""
+    not end by itself (an error, a cut from outside). With `run_seed`, each turn's request is seeded
+    by request_seed(run_seed, rollout, turn); None leaves sampling to the server's own random state."""
     from tasks.policy.tokenizer import IM_END, observation_segment_ids
 
     started = time.monotonic()
@@ -127,7 +140,9 @@ async def run_episode(problem_statement: str, sandbox, policy: Policy, tokenizer
             ep.finish_reason = "context_limit"
             break
         t0 = time.monotonic()
-        out = await policy.generate(ep.token_ids, min(cfg.max_tokens_per_turn, room), cfg.temperature, cfg.top_p)
+        seed = request_seed(run_seed, rollout, turn) if run_seed is not None else None
+        out = await policy.generate(ep.token_ids, min(cfg.max_tokens_per_turn, room), cfg.temperature, cfg.top_p,
+                                    seed=seed)
         ep.generation_seconds += time.monotonic() - t0
         if out.prompt_token_ids is not None and list(out.prompt_token_ids) != ep.token_ids:
             raise ServerMismatchError(f"server saw {len(out.prompt_token_ids)} prompt tokens, we sent "

@@ -142,7 +142,7 @@ class ScriptedSolver:
         turns.append({"name": "finish", "arguments": {"command": "submit"}})
         return turns
 
-    async def generate(self, prompt_ids, max_tokens, temperature, top_p) -> Completion:
+    async def generate(self, prompt_ids, max_tokens, temperature, top_p, *, seed=None) -> Completion:
         from tasks.policy.tokenizer import assistant_text, encode
 
         if self.turns is None:
