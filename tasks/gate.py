@@ -21,7 +21,8 @@ most k = 4 samples it dominates the data (a task failed 4 times gets E[q] = 4/9,
 failures (q = 0), as in the point estimate.
 
 Luck risk (`luck_risk`): per-task rates shaped like the run's own, shifted in logit space by one
-constant so their mean is the target; one evaluation passes when its count of solved tasks / n is
+constant so their mean is a true pass@k just under the target (the run reports 2 points under: at
+the target itself a pass is a coin flip by definition); one evaluation passes when its count of solved tasks / n is
 strictly above the target, a Poisson-binomial tail computed exactly; the chance of at least one
 pass in E evaluations is 1 - (1 - p)^E, treating evaluations as independent. Evaluations of one
 run share tasks and similar policies (positively associated), and earlier checkpoints are worse,
