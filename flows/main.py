@@ -60,12 +60,9 @@ def start_prefect_api() -> None:
 
 def pass_text(e: dict, target: float | None) -> str:
     """'pass@4 0.721 [0.662, 0.773]  P(>0.69) 0.86': the interval and posterior when the row has them."""
-    out = f"pass@4 {e['pass_at_k']:.3f}"
-    if e.get("pass_at_k_low") is not None:
-        out += f" [{e['pass_at_k_low']:.3f}, {e['pass_at_k_high']:.3f}]"
-    if e.get("p_above_target") is not None and target is not None:
-        out += f"  P(>{target:g}) {e['p_above_target']:.2f}"
-    return out
+    from tasks.gate import describe  # numpy: off the CLI's import path
+
+    return describe({"k": 4, **e}, target)
 
 
 def print_summary(s: dict) -> None:
