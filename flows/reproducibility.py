@@ -10,8 +10,12 @@ the same cached base checkpoint. The comparison is a table in the object store,
 REPORT below), and a markdown artifact in the Prefect UI. A gated row outside its
 tolerance fails the flow run (after both are written).
 
-What is compared, and how strictly (sampling is not seeded per request today,
-so at T > 0 two runs sample different tokens; the tolerances say so):
+What is compared, and how strictly. Sampling is seeded per request (agent.seeded_sampling:
+tasks/agent/loop.py request_seed, from the run seed, the rollout and the turn, not the run id), so
+at T > 0 a rerun samples the same tokens wherever the served logits agree; once they do not (other
+weights after a step, other numerics) its trajectories part from the baseline's. A run made with
+seeded_sampling off (or before it existed) samples other tokens at T > 0 by design. Trajectory
+agreement is still gated only at temperature 0:
 
     config, pins       exact    configs equal; the same tasks table and base checkpoint, both
                                 committed before the baseline started (not rebuilt since)
@@ -144,7 +148,7 @@ def compare_runs(store: Store, baseline_id: str, rerun_id: str, tol: Tolerances 
             same = sum(tb[k]["token_ids"] == tr[k]["token_ids"] for k in common) / len(common)
             row("trajectory_agreement", step, None, same, tolerance=1 - tol.trajectory_agreement, rule="min_share"
                 if greedy_train else "info", gated=greedy_train, ok=same >= tol.trajectory_agreement,
-                detail=None if greedy_train else "T > 0 sampling without per-request seeds: differs by design")
+                detail=None if greedy_train else _sampling_note(fb, fr))
         rb, rr = (_rewards(store, r, step, "rewards") for r in (baseline_id, rerun_id))
         if rb and rr:
             both = set(rb) & set(rr)
@@ -190,6 +194,13 @@ def compare_runs(store: Store, baseline_id: str, rerun_id: str, tol: Tolerances 
     return REPORT.validate(REPORT.from_rows(rows))
 
 
+def _sampling_note(fb: dict, fr: dict) -> str:
+    """Why T > 0 trajectories may differ; a config without the option predates seeded sampling."""
+    if fb.get("agent.seeded_sampling") and fr.get("agent.seeded_sampling"):
+        return "T > 0, seeded per request: the same tokens wherever the logits agree (information, not gated)"
+    return "T > 0 sampling without per-request seeds (agent.seeded_sampling off in a run): differs by design"
+
+
 def _by_sample(store: Store, run_id: str, step: int, stage: str) -> dict:
     if not store.stage_committed(run_id, step, stage):
         return {}
@@ -222,8 +233,8 @@ def report_markdown(report: pa.Table) -> str:
                      f"{f(r['tolerance'])} | {r['rule']} | {'yes' if r['gated'] else 'no'} | "
                      f"{'ok' if r['ok'] else ('**FAIL**' if r['gated'] else 'differs')} | {(r['detail'] or '').replace('|', '/')} |")
     lines += ["", "Tolerances: pass@k, pass@1 and reward per step allow z pooled binomial standard errors "
-              "(evaluation noise of one policy); trajectories can only agree token for token where sampling is "
-              "greedy, so at T > 0 their agreement is information, not a check."]
+              "(evaluation noise of one policy); trajectory agreement is gated where sampling is greedy; at T > 0 "
+              "it is information: seeded requests give the same tokens only while the logits agree."]
     return "\n".join(lines)
 
 

@@ -46,7 +46,8 @@ def base_eval_id(cfg, prepared: dict) -> str:
     dataset or subset instead of reporting a stale number."""
     what = {"tasks": prepared["tasks"],
             "eval": cfg.eval.model_dump(include={"k", "samples_per_task", "max_tasks"} | ({"early_stop"} if cfg.eval.early_stop else set())),
-            "agent": cfg.agent.model_dump(exclude={"training", "concurrency", "partial_flush_s"})}
+            # seeded_sampling picks which draw, not what is measured: caches from before it stay valid.
+            "agent": cfg.agent.model_dump(exclude={"training", "concurrency", "partial_flush_s", "seeded_sampling"})}
     if prepared.get("base_weights"):  # a shipped base is named by its directory: key by its content too
         what["weights"] = prepared["base_weights"]
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:8]
