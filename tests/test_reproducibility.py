@@ -106,3 +106,13 @@ def test_scheduled_reruns_write_reports(prefect_ui, two_copies):
         # stays: a worker that fetched a run of a deleted deployment never frees that run's slot
         # (prefect.workers.base._submit_run returns early), and the session's worker has one slot.
         prefect_ui.api("POST", f"/deployments/{dep['id']}/pause_deployment")
+
+
+def test_sampling_note_says_whether_both_runs_were_seeded():
+    from flows.reproducibility import _sampling_note
+
+    seeded = {"agent.seeded_sampling": True}
+    assert "seeded per request" in _sampling_note(seeded, seeded)
+    # A baseline made before seeded sampling has no such option: its T > 0 tokens differ by design.
+    assert "differs by design" in _sampling_note({}, seeded)
+    assert "differs by design" in _sampling_note(seeded, {"agent.seeded_sampling": False})
