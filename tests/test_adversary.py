@@ -187,7 +187,9 @@ def test_library_against_tools_sandbox_and_grader(sandbox_backend, r2e_tasks, sa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+# The default backend through the flow; docker meets the adversary in the library test above and in
+# `make chaos` (both backends through the flow; a second flow run here cost make test two minutes).
+@pytest.mark.parametrize("backend", ["bwrap"])
 def test_adversarial_smoke_run_through_the_flow(backend, request, smoke_prepared, smoke_server, tmp_path, canaries):
     """A GRPO step of the real flow (rollouts, grading, advantages, update, checkpoint, evaluation),
     three in four training episodes adversarial; make chaos runs many."""
