@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
-	bench-import bench-cluster bench-levers bench-ceiling bench-grading base chaos
+	bench-import bench-cluster bench-levers bench-ceiling bench-grading bench-seeded base chaos
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -96,6 +96,10 @@ bench-ceiling: setup
 # Time to train over seeds, one `make run` each, prepare shared (ARGS="--seeds 0,1,2 [-- key=value ...]").
 bench-seeds: setup
 	$(PY) tests/bench/seeds.py $(ARGS)
+
+# Identical trajectories of two collections of the same rollouts, seeded vs unseeded requests.
+bench-seeded: setup
+	$(PY) tests/bench/bench_seeded.py $(ARGS)
 
 # One checkpoint's evaluation by procedure, full vs early stop (ARGS="[--checkpoint DIR] [--repeats 3]").
 bench-eval: setup
