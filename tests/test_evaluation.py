@@ -61,7 +61,7 @@ def test_base_evaluation_cache_id_names_what_was_measured():
     assert ident.startswith("base-base-123-")
     # Training-only settings share the base evaluation ...
     assert base_eval_id(load_config("mini", ["agent.training.temperature=0.7", "optimizer.lr=1e-4"]), prepared) == ident
-    assert base_eval_id(load_config("mini", ["agent.seeded_sampling=false"]), prepared) == ident
+    assert base_eval_id(load_config("mini", ["agent.seeded_sampling=true"]), prepared) == ident
     # ... what the evaluation measures does not.
     assert base_eval_id(load_config("mini", ["eval.max_tasks=128"]), prepared) != ident
     assert base_eval_id(load_config("mini", ["agent.validation.temperature=0.7"]), prepared) != ident

@@ -41,6 +41,7 @@ from tasks.sandbox.environment import SANDBOX_UID, Environment
 
 LABEL = "rlvr.sandbox"
 KILL_GRACE_S = 5.0
+ZOMBIE_REAP_S = 10.0  # the longest wait for tini to reap the killed (returns as soon as it has)
 # Archive tasks: host tmpfs subdir -> container path, all else read-only. The first five are where
 # uid 1000 can write in the base image (world-writable dirs + /testbed); a reset empties them all.
 # scratch: diff()'s temp space, a tmpfs of its own (the agent cannot fill it), root's until a diff.
@@ -430,8 +431,9 @@ class DockerSandbox(BaseSandbox):
         finally:
             if freeze:
                 freeze(False)
-            # The dead still hold pids until tini reaps them (it was frozen too): let it, briefly.
-            until = time.monotonic() + 1.0
+            # The dead still hold pids until tini reaps them (it was frozen too): wait for it, or the next
+            # command cannot fork (a fork bomb's thousands of zombies took over a second on a busy machine).
+            until = time.monotonic() + ZOMBIE_REAP_S
             while time.monotonic() < until and any(_uid_of(p, zombies=True) == SANDBOX_UID for p in _read_pids(procs)):
                 time.sleep(0.01)
 
