@@ -284,3 +284,37 @@ def test_build_command_cpu_and_gpu(tmp_path):
 def test_qwen3_5_on_cpu_is_bf16(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_5_moe_text"}')
     assert "--dtype bfloat16" in " ".join(build_command(tmp_path, InferenceConfig(), 9000))
+
+
+def test_an_idle_connection_is_not_reused_when_the_server_may_be_closing_it():
+    """uvicorn (vLLM's server) closes a connection idle for 5 s; a request sent on it at that moment gets no
+    answer ("Server disconnected without sending a response", a failed weight reload in CI). This server
+    plays the losing side of that race for every request arriving on a connection idle >= 4.5 s."""
+    from tasks.inference.client import KEEPALIVE_EXPIRY_S
+
+    server_keepalive_s = 5.0  # VLLM_HTTP_TIMEOUT_KEEP_ALIVE's default
+    assert KEEPALIVE_EXPIRY_S < server_keepalive_s - 2.0  # a margin for a loaded machine
+
+    async def handle(reader, writer):
+        last = asyncio.get_running_loop().time()
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if asyncio.get_running_loop().time() - last >= server_keepalive_s - 0.5:
+                writer.close()  # the server's keep-alive timer fired as the request arrived
+                return
+            length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), b"0"))
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+            last = asyncio.get_running_loop().time()
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with server, PolicyClient(url) as client:
+            await client._request(url, "POST", "/pause", params={"mode": "wait"})
+            await asyncio.sleep(server_keepalive_s - 0.4)
+            await client._request(url, "POST", "/pause", params={"mode": "wait"})  # a fresh connection
+
+    asyncio.run(go())

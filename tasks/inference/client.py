@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import httpx
 
 SERVED_MODEL_NAME = "policy"
+KEEPALIVE_EXPIRY_S = 2.0  # below the keep-alive of every server we talk to (vLLM: 5 s)
 
 
 class InferenceError(RuntimeError):
@@ -135,7 +136,10 @@ class PolicyClient:
         if self._http is None or self._http_loop is not loop:
             self._http = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+                # Drop idle connections well before vLLM's uvicorn does (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s):
+                # at equal timeouts a request sent on a connection the server is closing gets no answer.
+                limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256,
+                                    keepalive_expiry=KEEPALIVE_EXPIRY_S),
                 transport=self.transport,
             )
             self._http_loop = loop
