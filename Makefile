@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
+.PHONY: run check test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
 	bench-import bench-cluster bench-levers bench-ceiling bench-grading bench-seeded base chaos
 
@@ -19,6 +19,11 @@ run: setup
 # phase again; or sft.clean_steps): ~35 min. The shipped base is the first, then the second on it.
 base: setup
 	$(PY) -m flows.base --preset mini $(ARGS)
+
+# What a preset needs (checkpoint, tasks, GPUs, vLLM, Ray, sandbox, store), one line each; every run checks
+# the same first. ARGS="--preset qwen35_397b_grpo dataset.path=..." for another preset.
+check: venv
+	$(PY) -m flows.check $(ARGS)
 
 test: setup
 	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)

@@ -125,9 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     run_id = args.run_id or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         check_run_id(run_id)
-        check_runnable(load_config(args.preset, args.overrides))  # fail in the first second on a bad value
+        cfg = check_runnable(load_config(args.preset, args.overrides))  # fail in the first second on a bad value
     except PermanentError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    from flows.check import preflight, report
+
+    findings = preflight(cfg)  # what `make check` shows, before a server or a sandbox starts
+    if any(f.status != "ok" for f in findings):
+        print(report([f for f in findings if f.status != "ok"]), flush=True)
+    missing = [f for f in findings if f.status == "problem"]
+    if missing:
+        print(f"error: missing: {'; '.join(f'{f.part}: {f.text}' for f in missing)} (make check "
+              f"ARGS=\"--preset {args.preset} ...\" lists what the preset needs)", file=sys.stderr)
         return 2
     stop_on_signals()
     quiet_permanent_errors()

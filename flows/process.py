@@ -11,10 +11,21 @@ import os
 import signal
 
 
+PREFECT_HOME = ".rlvr/prefect"  # one history: `make run` writes it, `make ui` serves it
+UI_DIR = ".rlvr/ui"  # infra/ui.sh: pids, logs, and the API address while the UI is up
+
+
 def prefect_defaults() -> None:
-    """A project-local Prefect home, no telemetry, time for the ephemeral API to start on a busy machine."""
-    os.environ.setdefault("PREFECT_HOME", os.path.abspath(".rlvr/prefect"))
+    """A project-local Prefect home, no telemetry, time for the ephemeral API to start on a busy machine,
+    and, while `make ui` serves this home, its API: a run started then shows up live, and the UI's
+    server stays the one writer of the history's SQLite file."""
+    os.environ.setdefault("PREFECT_HOME", os.path.abspath(PREFECT_HOME))
     os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)  # Prefect makes only the last level
+    if not os.environ.get("PREFECT_API_URL"):
+        url = ui_api_url(os.environ["PREFECT_HOME"], os.environ.get("RLVR_UI_DIR", UI_DIR))
+        if url:
+            os.environ["PREFECT_API_URL"] = url
+            print(f"reporting to the Prefect UI's server: {url.removesuffix('/api')}", flush=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -24,6 +35,25 @@ def prefect_defaults() -> None:
     # enum it registers. Not ours, not actionable on a CPU machine; real errors still show.
     for name in ("torchao", "torch.utils._pytree"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def ui_api_url(prefect_home: str, ui_dir: str) -> str | None:
+    """The API of a `make ui` server that serves `prefect_home` and answers now, else None."""
+    import json
+    import urllib.request
+
+    try:
+        with open(os.path.join(ui_dir, "server.json")) as f:
+            ui = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if os.path.realpath(ui.get("prefect_home", "")) != os.path.realpath(prefect_home):
+        return None
+    try:
+        with urllib.request.urlopen(ui["api_url"] + "/health", timeout=3) as r:
+            return ui["api_url"] if r.status == 200 else None
+    except (OSError, ValueError, KeyError):  # a stale file: the server is gone
+        return None
 
 
 def stop_on_signals() -> None:

@@ -16,7 +16,9 @@ PORT=${RLVR_UI_PORT:-4200}
 DIR=${RLVR_UI_DIR:-.rlvr/ui}
 PY=${PY:-.venv/bin/python}
 POOL=${RLVR_UI_POOL:-rlvr}
-export PREFECT_HOME=${PREFECT_HOME:-$PWD/.rlvr/prefect-ui}
+# The history `make run` writes (flows/process.py): the UI shows the runs made before it, and a run
+# started while it is up finds server.json and reports through this API instead of writing the file too.
+export PREFECT_HOME=${PREFECT_HOME:-$PWD/.rlvr/prefect}
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_LOGGING_LEVEL=${PREFECT_LOGGING_LEVEL:-INFO}
 export PREFECT_API_URL=http://127.0.0.1:$PORT/api
@@ -51,6 +53,7 @@ start() {
     alive server || { echo "the Prefect server exited; see $DIR/server.log" >&2; tail -20 "$DIR/server.log" >&2; exit 1; }
     sleep 1
   done
+  printf '{"api_url": "%s", "prefect_home": "%s"}\n' "$PREFECT_API_URL" "$PREFECT_HOME" >"$DIR/server.json"
   local args=(--pool "$POOL")
   [ -n "${REPRO_BASELINE:-}" ] && args+=(--repro-baseline "$REPRO_BASELINE")
   [ -n "${REPRO_INTERVAL:-}" ] && args+=(--repro-interval "$REPRO_INTERVAL")
@@ -76,7 +79,7 @@ deployments        ${RLVR_UI_DEPLOYMENTS:-train, evaluate, prepare, reproducibil
 worker             pid $(cat "$DIR/worker.pid"), runs ${RLVR_UI_LIMIT:-1} flow run(s) at once in $PWD
 logs               $DIR/server.log, $DIR/deploy.log, $DIR/worker.log
 store              ${RLVR_UI_STORE:-storage.root of each preset (override storage.root=... per run)}
-runs from the CLI  export PREFECT_API_URL=$PREFECT_API_URL   (then make run / python -m flows.main shows up here)
+history            $PREFECT_HOME (runs made before: listed; make run while this is up: reports here live)
 stop               make ui-stop
 
 MSG
@@ -84,6 +87,7 @@ MSG
 
 stop() {
   local pids; pids=$(ours)
+  rm -f "$DIR/server.json"  # first: a run starting now uses its own temporary server
   [ -z "${pids// /}" ] && { rm -f "$DIR"/*.pid; echo "not running"; return 0; }
   # The worker and its flow runs first (SIGTERM: the worker stops taking runs; a run fails and stops its
   # servers, trainer and sandboxes, and leads its own session, so a group kill of the worker misses it),

@@ -80,6 +80,49 @@ def test_run_artifacts_in_a_flow_run(prefect_api, smoke_run):
     assert "data:image/png;base64," in md and "mlperf.log" in md and "| 2 |" in md
 
 
+def _train_runs(ui, run_id: str) -> list[dict]:
+    runs = ui.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["train"]}}})
+    return [r for r in runs if r["parameters"].get("run_id") == run_id]
+
+
+@pytest.mark.slow
+def test_make_ui_shows_the_runs_made_before_it_and_reports_those_made_while_it_is_up(prefect_ui, smoke_train_run):
+    """One Prefect history. The smoke run, made from the command line before the UI started, is listed with
+    its stages and logs; a command-line run started while the UI is up reports to the UI's server live
+    (temporary servers are forbidden to it: were the UI not found, it would fail)."""
+    import subprocess
+
+    from tests.fixtures.smoke import main_command
+
+    run_id = smoke_train_run["run_id"]
+    (before,) = _train_runs(prefect_ui, run_id)
+    assert before["state"]["type"] == "COMPLETED", before["state"]
+    stages = prefect_ui.api("POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [before["id"]]}}})
+    assert {"dataset", "grpo_iteration"} <= _stage_names(stages), [t["name"] for t in stages]
+    assert prefect_ui.api("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [before["id"]]}}})
+
+    env = {k: v for k, v in prefect_ui.env.items() if k != "PREFECT_API_URL"}
+    env.update(RLVR_UI_DIR=str(prefect_ui.dir), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false")
+    proc = subprocess.Popen(main_command(run_id, smoke_train_run["overrides"]), cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # a rerun of a finished run
+    seen_running = False
+    while proc.poll() is None:
+        new = [r for r in _train_runs(prefect_ui, run_id) if r["id"] != before["id"]]
+        seen_running |= bool(new) and new[0]["state"]["type"] == "RUNNING"
+        time.sleep(0.3)
+    out = proc.stdout.read()
+    assert proc.returncode == 0, out[-4000:]
+    assert f"reporting to the Prefect UI's server: {prefect_ui.url}" in out, out[-4000:]
+    (during,) = [r for r in _train_runs(prefect_ui, run_id) if r["id"] != before["id"]]
+    assert during["state"]["type"] == "COMPLETED" and seen_running, (during["state"], seen_running)
+    stages = prefect_ui.api("POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [during["id"]]}}})
+    assert "dataset" in _stage_names(stages), [t["name"] for t in stages]
+
+
+def _stage_names(task_runs: list[dict]) -> set[str]:
+    return {t["name"].rsplit("-", 1)[0] for t in task_runs}  # Prefect names a task run <task>-<key>
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_browser_runs_smoke_from_the_train_form(prefect_ui):
