@@ -80,6 +80,35 @@ def test_run_artifacts_in_a_flow_run(prefect_api, smoke_run):
     assert "data:image/png;base64," in md and "mlperf.log" in md and "| 2 |" in md
 
 
+def test_a_run_finds_the_ui_that_serves_its_history_and_only_that(tmp_path):
+    import http.server
+    import json
+    import threading
+
+    from flows.process import ui_api_url
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/api/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = f"http://127.0.0.1:{server.server_address[1]}/api"
+    home, ui = tmp_path / "prefect", tmp_path / "ui"
+    ui.mkdir()
+    assert ui_api_url(str(home), str(ui)) is None  # no UI was ever started
+    (ui / "server.json").write_text(json.dumps({"api_url": api, "prefect_home": str(home)}))
+    assert ui_api_url(str(home), str(ui)) == api
+    assert ui_api_url(str(tmp_path / "other-home"), str(ui)) is None  # a UI of another history
+    server.shutdown()
+    server.server_close()
+    assert ui_api_url(str(home), str(ui)) is None  # a stale file: its server is gone
+
+
 def _train_runs(ui, run_id: str) -> list[dict]:
     runs = ui.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["train"]}}})
     return [r for r in runs if r["parameters"].get("run_id") == run_id]
