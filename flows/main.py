@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop_on_signals()
     quiet_permanent_errors()
-    print(f"rlvr-flows: run {run_id} (preset {args.preset}): starting Prefect's API, then prepare", flush=True)
+    api = "" if os.environ.get("PREFECT_API_URL") else "starting Prefect's API, then "
+    print(f"rlvr-flows: run {run_id} (preset {args.preset}): {api}prepare", flush=True)
     from tasks.supervise import watch
 
     watch(os.getpid())  # ends what this run started if it is killed outright

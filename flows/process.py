@@ -29,6 +29,11 @@ def prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # The run's progress lines go to the UI's log view (the run logger at INFO, to the API), but the
+    # terminal shows them once, as printed: Prefect's console handler keeps to warnings.
+    for logger in ("FLOW_RUNS", "TASK_RUNS"):
+        os.environ.setdefault(f"PREFECT_LOGGING_LOGGERS_PREFECT_{logger}_LEVEL", "INFO")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     # One model file: transformers' per-shard progress bars only add noise to the first screen.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # torchao on import: a failed load per CUDA kernel library and a torch deprecation line per

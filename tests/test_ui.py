@@ -128,7 +128,8 @@ def test_make_ui_shows_the_runs_made_before_it_and_reports_those_made_while_it_i
     assert before["state"]["type"] == "COMPLETED", before["state"]
     stages = prefect_ui.api("POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [before["id"]]}}})
     assert {"dataset", "grpo_iteration"} <= _stage_names(stages), [t["name"] for t in stages]
-    assert prefect_ui.api("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [before["id"]]}}})
+    logs = prefect_ui.api("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [before["id"]]}}})
+    assert any(e["message"].startswith("prepare: tasks table") for e in logs), logs  # its progress lines
 
     env = {k: v for k, v in prefect_ui.env.items() if k != "PREFECT_API_URL"}
     env.update(RLVR_UI_DIR=str(prefect_ui.dir), PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false")
@@ -140,7 +141,7 @@ def test_make_ui_shows_the_runs_made_before_it_and_reports_those_made_while_it_i
         seen_running |= bool(new) and new[0]["state"]["type"] == "RUNNING"
         time.sleep(0.3)
     out = proc.stdout.read()
-    assert proc.returncode == 0, out[-4000:]
+    assert proc.returncode in (0, 1), out[-4000:]  # the smoke run ends at max_steps (1) or passes (0)
     assert f"reporting to the Prefect UI's server: {prefect_ui.url}" in out, out[-4000:]
     (during,) = [r for r in _train_runs(prefect_ui, run_id) if r["id"] != before["id"]]
     assert during["state"]["type"] == "COMPLETED" and seen_running, (during["state"], seen_running)
