@@ -43,7 +43,7 @@ def problem(part, text):
     return Finding(part, "problem", text)
 
 
-def check_checkpoint(cfg) -> Finding:
+def preflight_checkpoint(cfg) -> Finding:
     from tasks.policy.model import MissingModelFileError, check_model_dir
 
     path = cfg.model.path
@@ -65,7 +65,7 @@ def check_checkpoint(cfg) -> Finding:
                             f"{size / 2**30:.2f} GiB of weights")
 
 
-def check_tasks(cfg) -> list[Finding]:
+def preflight_tasks(cfg) -> list[Finding]:
     d = cfg.dataset
     if d.source == "mini":
         return [ok("tasks", f"generated mini benchmark ({d.num_train} train / {d.num_validation} validation), "
@@ -117,7 +117,7 @@ def gpus() -> list[tuple[str, int]]:
     return found
 
 
-def check_gpus(cfg) -> Finding:
+def preflight_gpus(cfg) -> Finding:
     inf = cfg.inference
     need = max(inf.tensor_parallel_size * inf.data_parallel_size * inf.num_servers if inf.device == "gpu" else 0,
                cfg.optimizer.num_ranks if inf.device == "gpu" else 0)
@@ -145,7 +145,7 @@ def _weight_bytes(cfg) -> int:
     return sum(os.path.getsize(f) for f in glob.glob(os.path.join(path, "*.safetensors")))
 
 
-def check_vllm(cfg) -> Finding:
+def preflight_vllm(cfg) -> Finding:
     inf = cfg.inference
     if inf.mode == "external":
         bad = [u for u in inf.base_urls if not _answers(u.rstrip("/") + "/health")]
@@ -181,7 +181,7 @@ def _answers(url: str) -> bool:
         return False
 
 
-def check_cluster(cfg, resources: bool) -> Finding:
+def preflight_cluster(cfg, resources: bool) -> Finding:
     addr = cfg.cluster.address
     if not addr:
         return ok("Ray cluster", "none: rollouts and gradings run in this process")
@@ -210,7 +210,7 @@ def check_cluster(cfg, resources: bool) -> Finding:
                              + (f", {total.get(sandbox, 0):.0f} {sandbox}" if sandbox in total else ""))
 
 
-def check_sandbox(cfg) -> Finding:
+def preflight_sandbox(cfg) -> Finding:
     backend = cfg.sandbox.backend
     if backend == "docker":
         if not shutil.which("docker"):
@@ -229,7 +229,7 @@ def check_sandbox(cfg) -> Finding:
     return ok("sandbox", "bubblewrap (its root filesystem is built by prepare)")
 
 
-def check_store(cfg) -> Finding:
+def preflight_store(cfg) -> Finding:
     from tasks.storage import Store, StorageError, StoreRootError
 
     try:
@@ -244,8 +244,8 @@ def check_store(cfg) -> Finding:
 def preflight(cfg, resources: bool = False) -> list[Finding]:
     """Every part `cfg` needs, in the order a run meets them. resources: also join the Ray cluster
     to read its resources (`make check`; a run joins it anyway)."""
-    return [check_checkpoint(cfg), *check_tasks(cfg), check_gpus(cfg), check_vllm(cfg),
-            check_cluster(cfg, resources), check_sandbox(cfg), check_store(cfg)]
+    return [preflight_checkpoint(cfg), *preflight_tasks(cfg), preflight_gpus(cfg), preflight_vllm(cfg),
+            preflight_cluster(cfg, resources), preflight_sandbox(cfg), preflight_store(cfg)]
 
 
 def report(findings: list[Finding]) -> str:

@@ -52,7 +52,7 @@ def test_a_run_of_the_reference_preset_stops_before_anything_starts(tmp_path):
 def test_r2e_tasks_in_docker_images_cannot_run_on_bwrap():
     cfg = load_config("smoke", {"dataset": {"source": "r2e", "path": R2E_ROWS, "num_train": 2, "num_validation": 2},
                                 "sandbox": {"backend": "bwrap"}})
-    tasks, rows, images = check.check_tasks(cfg)
+    tasks, rows, images = check.preflight_tasks(cfg)
     assert tasks.status == "ok" and "7 rows, 4 usable" in tasks.text, tasks
     assert rows.status == "warn" and "3 left out, first: " in rows.text, rows  # the fixture's bad rows, named
     assert images.status == "problem" and "sandbox.backend=bwrap" in images.text
@@ -61,7 +61,7 @@ def test_r2e_tasks_in_docker_images_cannot_run_on_bwrap():
 def test_r2e_rows_that_are_not_enough_are_named():
     cfg = load_config("smoke", {"dataset": {"source": "r2e", "path": R2E_ROWS, "num_train": 700,
                                             "num_validation": 251}})
-    (tasks,) = check.check_tasks(cfg)
+    (tasks,) = check.preflight_tasks(cfg)
     assert tasks.status == "problem" and "only 4 usable rows of 7" in tasks.text, tasks
 
 
@@ -72,22 +72,22 @@ def test_gpus_against_the_parallelism_and_the_weights(tmp_path, monkeypatch):
         f.truncate(800 * 2**30)  # sparse: 800 GiB of bf16 weights, as a 397B model's
     cfg = load_config("qwen35_397b_grpo", {"model": {"path": str(ckpt)}})
     monkeypatch.setattr(check, "gpus", lambda: [("NVIDIA H100 80GB HBM3", 81559)] * 4)
-    assert check.check_gpus(cfg).status == "problem" and "need 8" in check.check_gpus(cfg).text
+    assert check.preflight_gpus(cfg).status == "problem" and "need 8" in check.preflight_gpus(cfg).text
     monkeypatch.setattr(check, "gpus", lambda: [("NVIDIA H100 80GB HBM3", 81559)] * 8)
-    found = check.check_gpus(cfg)
+    found = check.preflight_gpus(cfg)
     assert found.status == "problem" and "100 GiB of weights per GPU" in found.text, found  # 800 / TP 8 > 72
     monkeypatch.setattr(check, "gpus", lambda: [("NVIDIA H200", 143771)] * 8)
-    assert check.check_gpus(cfg).status == "ok", check.check_gpus(cfg)
+    assert check.preflight_gpus(cfg).status == "ok", check.preflight_gpus(cfg)
 
 
 def test_an_external_server_that_does_not_answer_is_named():
     cfg = load_config("smoke", {"inference": {"mode": "external", "base_urls": ["http://127.0.0.1:9"]}})
-    found = check.check_vllm(cfg)
+    found = check.preflight_vllm(cfg)
     assert found.status == "problem" and "http://127.0.0.1:9" in found.text
 
 
 def test_a_checkpoint_without_weights_is_named(tmp_path):
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_text(json.dumps({}))
-    found = check.check_checkpoint(load_config("smoke", {"model": {"path": str(tmp_path)}}))
+    found = check.preflight_checkpoint(load_config("smoke", {"model": {"path": str(tmp_path)}}))
     assert found.status == "problem" and "lacks model.safetensors" in found.text

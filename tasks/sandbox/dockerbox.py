@@ -280,7 +280,8 @@ class DockerSandbox(BaseSandbox):
         return r, data
 
     def _exec_once(self, argv: list[str], timeout: float, cap: int, stdin: bytes | None, workdir: str,
-                   env: dict[str, str] | None, user: str | None, wrap: bool, closing: bool) -> tuple[CommandResult, bytes]:
+                   env: dict[str, str] | None, user: str | None, wrap: bool,
+                   closing: bool) -> tuple[CommandResult, bytes]:
         import docker
 
         if self.container is None or (getattr(self, "_closed", False) and not closing):
