@@ -20,7 +20,7 @@ run: setup
 base: setup
 	$(PY) -m flows.base --preset mini $(ARGS)
 
-# What a preset needs (checkpoint, tasks, GPUs, vLLM, Ray, sandbox, store), one line each; every run checks
+# What a preset needs (checkpoint, tasks, GPUs, vLLM, Ray, sandbox, store), one line each; `make run` checks
 # the same first. ARGS="--preset qwen35_397b_grpo dataset.path=..." for another preset.
 check: venv
 	$(PY) -m flows.check $(ARGS)
