@@ -70,10 +70,13 @@ def preflight_tasks(cfg) -> list[Finding]:
     if d.source == "mini":
         return [ok("tasks", f"generated mini benchmark ({d.num_train} train / {d.num_validation} validation), "
                             "built and verified by prepare")]
-    if not d.path:
-        return [problem("tasks", "dataset.source=r2e needs dataset.path: a Parquet or JSON Lines file of R2E-Gym "
-                                 "rows (local path or s3://)")]
+    from schemas.presets import ConfigError, check_runnable
     from tasks.dataset.r2e import DatasetError, read_rows, to_tasks
+
+    try:
+        check_runnable(cfg)  # the r2e source without dataset.path, said as a run says it
+    except ConfigError as e:
+        return [problem("tasks", str(e))]
 
     try:
         rows = read_rows(d.path)

@@ -444,7 +444,7 @@ class DockerSandbox(BaseSandbox):
             if freeze:
                 freeze(False)
             # The dead still hold pids until tini reaps them (it was frozen too): wait for it, or the next
-            # command cannot fork (a fork bomb's thousands of zombies took over a second on a busy machine).
+            # command cannot fork. Reaping takes milliseconds; the bound is for a stalled engine.
             until = time.monotonic() + ZOMBIE_REAP_S
             while time.monotonic() < until and any(_uid_of(p, zombies=True) == SANDBOX_UID for p in _read_pids(procs)):
                 time.sleep(0.01)
