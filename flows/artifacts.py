@@ -163,9 +163,11 @@ def run_markdown(ctx, summary: dict) -> str:
                   for e in evals]
     off = summary.get("offline")
     if off:
+        from tasks.mlperf import offline_clock
+
         verdict = f"checkpoint **{off['passed_step']}** passed" if off["passed_step"] else "no checkpoint passed"
-        lines += ["", f"Offline evaluation (outside the timed interval): {verdict}; training stopped after step "
-                      f"{off['last_step']}; {off['minutes']:.1f} min of evaluation.", "",
+        lines += ["", f"Offline evaluation: {verdict}; training stopped after step {off['last_step']}; "
+                      f"{off['minutes']:.1f} min of evaluation, {offline_clock(off.get('order', 'after'))}.", "",
                   "| checkpoint | pass@k [95%] | pass@1 [95%] | P(> target) | samples | minutes |",
                   "|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {e['step']} | {_ci(e, 'pass_at_k')} | {_ci(e, 'pass_at_1')} | {_p(e)} | {e['samples']} | "

@@ -80,6 +80,8 @@ def print_summary(s: dict) -> None:
               f"({rec['machine']}, {rec['measured_at'][:10]}; models/ manifest)")
     off = s.get("offline")
     if off:
+        from tasks.mlperf import offline_clock
+
         for e in off["evaluations"]:
             mark = "  <- passed" if e["step"] == off["passed_step"] else ""
             print(f"checkpoint {e['step']:>4}   {pass_text(e, s.get('target'))}  pass@1 {e['pass_at_1']:.3f}  "
@@ -87,7 +89,7 @@ def print_summary(s: dict) -> None:
         verdict = (f"checkpoint {off['passed_step']} passed" if off["passed_step"] else "no checkpoint passed")
         past = f", {off['last_step'] - off['passed_step']} step(s) trained past it" if off["passed_step"] else ""
         print(f"offline eval      {verdict}; training stopped after step {off['last_step']}{past}; "
-              f"{off['minutes']:.1f} min of evaluation, outside the timed interval")
+              f"{off['minutes']:.1f} min of evaluation, {offline_clock(off.get('order', 'after'))}")
     else:
         for e in s["evaluations"]:
             print(f"eval step {e['step']:>4}    {pass_text(e, s.get('target'))}  pass@1 {e['pass_at_1']:.3f}  "

@@ -12,7 +12,8 @@ records the outcome in the store:
 It runs beside training (eval.offline_order="concurrent": a separate process and Prefect flow
 run, started by the train flow, which stops training once a checkpoint passes) or after it
 ("after"). A checkpoint whose evaluation is committed is never evaluated again, so a run
-killed here resumes where it stopped.
+killed here resumes where it stopped. ("between_steps" needs no flow of its own: the train flow
+evaluates each checkpoint on its own server once it is synced, `settle` records the pass.)
 
     python -m flows.offline_eval --preset mini --run-id ID [section.field=value ...]
 """
@@ -81,6 +82,24 @@ def next_checkpoint(passed: dict[int, bool], start: int, last: int | None, searc
     return None if hi - lo == 1 else (lo + hi) // 2
 
 
+def settle(store, run_id: str, passed: dict[int, bool], cfg) -> dict | None:
+    """Record the outcome once the search has settled on the first passing checkpoint (None if none
+    passed): `runs/<id>/offline_eval.json`, which stops training and dates run_stop."""
+    if not any(passed.values()):
+        return None
+    first = min(s for s, ok in passed.items() if ok)
+    rec = checkpoint_commit(store, run_id, first)
+    row = store.read_stage(run_id, first, "eval_summary").to_pylist()[0]
+    done = {"passed_step": first, "weight_update_end_unix": rec.get("weight_update_end_unix"),
+            "pass_at_k": row["pass_at_k"], "target": cfg.eval.target, "search": cfg.eval.offline_search,
+            "order": cfg.eval.offline_order}
+    store.put_json(f"runs/{run_id}/offline_eval.json", done)
+    log(f"offline evaluation: checkpoint {first} passes ({describe(row, cfg.eval.target)}, above "
+        f"{cfg.eval.target}; {len(passed)} checkpoints evaluated, {cfg.eval.offline_search}, "
+        f"{cfg.eval.offline_order})")
+    return done
+
+
 @flow(name="offline-evaluation")
 def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_id: str = "") -> dict:
     """Evaluate run `run_id`'s checkpoints from eval.start_step (eval.offline_search decides which
@@ -100,15 +119,7 @@ def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_
                 continue
             step = next_checkpoint(passed, start, last, search)
             if step is None:
-                if any(passed.values()):
-                    first = min(s for s, ok in passed.items() if ok)
-                    rec = checkpoint_commit(store, run_id, first)
-                    row = store.read_stage(run_id, first, "eval_summary").to_pylist()[0]
-                    done = {"passed_step": first, "weight_update_end_unix": rec.get("weight_update_end_unix"),
-                            "pass_at_k": row["pass_at_k"], "target": cfg.eval.target, "search": search}
-                    store.put_json(f"runs/{run_id}/offline_eval.json", done)
-                    log(f"offline evaluation: checkpoint {first} passes ({describe(row, cfg.eval.target)}, above "
-                        f"{cfg.eval.target}; {len(passed)} checkpoints evaluated, {search})")
+                done = settle(store, run_id, passed, cfg)
                 break  # settled, or every checkpoint evaluated and none passed
             rec = checkpoint_commit(store, run_id, step)
             if rec is None:

@@ -37,8 +37,10 @@ from schemas.presets import load_config, load_recipe
 from schemas.recipe import STORE_VERSION, Demonstrations, SFTStage, WarmStartRecipe, stages
 from tasks.agent.prompts import INSTANCE_PROMPT, SYSTEM_PROMPT
 from tasks.agent.tools import prompt_tools
-from tasks.dataset.build import build_dataset, build_warm_start_pool
+from tasks.dataset.build import build_dataset, build_warm_start_pool, fully_verified
 from tasks.dataset.mini import gold_patch
+from tasks.dataset.order import training_batch
+from tasks.dataset.verify import verify_tasks
 from tasks.policy.base import check_dataset, check_files, read_manifest
 from tasks.policy.worker import TrainerWorker
 from tasks.sandbox import image
@@ -72,12 +74,32 @@ def sandbox_image(cfg: RunConfig) -> None:
 
 
 @task(name="dataset", cache_policy=NONE)
-def dataset(cfg: RunConfig, store: Store) -> str:
+def dataset(cfg: RunConfig, store: Store, scope: str = "all") -> str:
+    """The tasks table, verified: every task, or (scope "used", the mini) those this run can use."""
     t0 = time.monotonic()
-    key = build_dataset(cfg.dataset, store, cfg.sandbox,
-                        progress=lambda what, total: Progress(what, total, "gradings", every_s=20))
+    used = scope == "used" and cfg.dataset.source == "mini"
+
+    def progress(what, total):
+        return Progress(what, total, "gradings", every_s=20)
+
+    key = build_dataset(cfg.dataset, store, cfg.sandbox, verify=not used, progress=progress)
+    if used and not fully_verified(store, key):
+        rows = store.read_table(key, stage="tasks").to_pylist()
+        ids = used_task_ids(cfg, rows)
+        verify_tasks([r for r in rows if r["instance_id"] in ids], store, cfg.sandbox, progress, cache=True)
+        log(f"prepare: {len(ids)} of {len(rows)} tasks verified, those this run can use (the validation split "
+            f"and the training batches of steps 1-{cfg.max_steps}); dataset.verify_scope=all verifies every one")
     log(f"prepare: tasks table {store.uri(key)} ({time.monotonic() - t0:.0f} s)")
     return key
+
+
+def used_task_ids(cfg: RunConfig, rows: list[dict]) -> set[str]:
+    """The tasks a run can grade: the validation split and its training batches up to max_steps."""
+    train = sorted(r["instance_id"] for r in rows if r["split"] == "train")
+    ids = {r["instance_id"] for r in rows if r["split"] == "validation"}
+    for step in range(cfg.max_steps):  # training_batch_ids's batches, step 1 at index 0
+        ids.update(training_batch(train, step, cfg.grpo.prompts_per_step, cfg.seed, cfg.dataset.order))
+    return ids
 
 
 def _agent_text(style: str) -> str:
@@ -260,7 +282,9 @@ def prepare_config(cfg: RunConfig, dataset_only: bool = False, recipe: WarmStart
     if not cfg.model.path and not dataset_only:
         recipe = recipe or load_recipe(cfg.preset)
     sandbox_image(cfg)
-    tasks_key = dataset(cfg, store)
+    # A base built here trains on every training task: all are verified first.
+    builds_base = not cfg.model.path and not dataset_only
+    tasks_key = dataset(cfg, store, "all" if builds_base else cfg.dataset.verify_scope)
     if dataset_only:
         return {"tasks": tasks_key}
     if shipped is not None:  # a given checkpoint is its own base: no demonstrations, no SFT

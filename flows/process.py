@@ -34,6 +34,8 @@ def prefect_defaults() -> None:
     for logger in ("FLOW_RUNS", "TASK_RUNS"):
         os.environ.setdefault(f"PREFECT_LOGGING_LOGGERS_PREFECT_{logger}_LEVEL", "INFO")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    # A line logged outside a flow run (a grader's thread) is printed, not sent: no warning for it.
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     # One model file: transformers' per-shard progress bars only add noise to the first screen.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # torchao on import: a failed load per CUDA kernel library and a torch deprecation line per

@@ -5,6 +5,8 @@
     for step in 1..max_steps:
         grpo_iteration(step)                      rollouts -> grading -> advantages -> update -> weight sync
         evaluation(step) when due                 pass@k on the validation split; stop at the target
+                                                  (inline, or offline "between_steps"; offline "concurrent"
+                                                  and "after" evaluate on a server of their own)
     run_stop
 
 Resume: rerun with the same run id. Committed stages are skipped, the policy
@@ -33,7 +35,7 @@ from prefect import flow
 from flows.artifacts import publish_run, publish_step
 from flows.evaluate import evaluation
 from flows.grpo_iteration import grpo_iteration
-from flows.offline_eval import checkpoint_commit, evaluated_rows, offline_evaluation, outcome, training_done
+from flows.offline_eval import checkpoint_commit, evaluated_rows, offline_evaluation, outcome, settle, training_done
 from flows.prepare import prepare_run_context
 from flows.process import stop_signal
 from flows.runtime import RunContext, code_version, config_json, log
@@ -207,12 +209,17 @@ def train_offline(ctx: RunContext, mllog: StoredRunLog, start_step: int, finishe
     evaluation (the evaluator's end, or the offline evaluation now) and its results to the MLPerf log.
     Returns whether a checkpoint passed."""
     store, run_id = ctx.store, ctx.run_id
+    between = ctx.cfg.eval.offline_order == "between_steps"
     if finished is None:
+        if between:  # the last attempt's last checkpoint, if it was cut off before its verdict
+            evaluate_between_steps(ctx, mllog, start_step - 1)
         step = start_step
         while step <= ctx.cfg.max_steps and outcome(store, run_id) is None:  # a pass stops training
             if evaluator is not None and evaluator.poll() not in (None, 0):
                 raise _evaluator_failed(evaluator, ctx.workdir)
             publish_step(ctx, step, timed_iteration(ctx, mllog, step))
+            if between:
+                evaluate_between_steps(ctx, mllog, step)
             mllog.upload()
             step += 1
         finished = {"last_step": step - 1, "at_unix": time.time(),
@@ -223,9 +230,23 @@ def train_offline(ctx: RunContext, mllog: StoredRunLog, start_step: int, finishe
     if evaluator is not None:
         if evaluator.wait() != 0:
             raise _evaluator_failed(evaluator, ctx.workdir)
-    elif outcome(store, run_id) is None:
+    elif outcome(store, run_id) is None and not between:
         offline_evaluation(preset=preset, overrides=overrides, run_id=run_id)
     return log_offline_evaluations(mllog, store, ctx.cfg, run_id, mllog.text())
+
+
+def evaluate_between_steps(ctx: RunContext, mllog: StoredRunLog, step: int) -> None:
+    """eval.offline_order="between_steps": checkpoint `step` (the one the training's server now
+    serves: the weight sync loads the committed checkpoint's files) evaluated while training waits,
+    logged as it happens; a pass is recorded as the offline evaluator records it."""
+    start = max(1, ctx.cfg.eval.start_step)
+    if step < start or checkpoint_commit(ctx.store, ctx.run_id, step) is None:
+        return
+    assert ctx.policy_version == step, f"the server serves v{ctx.policy_version}, not checkpoint {step}"
+    evaluate_step(ctx, mllog, step)
+    passed = {r["step"]: passes(r["pass_at_k"], ctx.cfg.eval.target)
+              for r in evaluated_rows(ctx.store, ctx.run_id, start)}
+    settle(ctx.store, ctx.run_id, passed, ctx.cfg)
 
 
 def timed_iteration(ctx: RunContext, mllog: StoredRunLog, step: int) -> dict:
@@ -361,7 +382,7 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
     if ctx.cfg.eval.mode == "offline":  # outside the timed interval: reported on their own
         result, done = outcome(store, run_id), training_done(store, run_id)
         rows = evaluated_rows(store, run_id, max(1, ctx.cfg.eval.start_step))
-        offline = {"passed_step": result["passed_step"] if result else None,
+        offline = {"order": ctx.cfg.eval.offline_order, "passed_step": result["passed_step"] if result else None,
                    "last_step": done["last_step"] if done else None,
                    "minutes": round(sum(r["eval_seconds"] for r in rows) / 60, 1),
                    "evaluations": [{"step": r["step"], "pass_at_k": r["pass_at_k"], "pass_at_1": r["pass_at_1"],

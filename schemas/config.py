@@ -76,6 +76,11 @@ class DatasetConfig(_Strict):
     split: Literal["instance", "bug_site", "text"] = "instance"
     # Order of training problems: a seeded fixed order (the reference) or reshuffled every epoch.
     order: Literal["fixed", "shuffled"] = "fixed"
+    # Mini benchmark only: which tasks a run verifies (gold patch 1, empty patch 0) before it starts.
+    # "all": every task; "used": those it can use: the validation split and the training batches of
+    # steps 1..max_steps (known in advance from the seed). Each verified task is recorded in the
+    # store, so a longer run verifies only what it adds. Building a base verifies all.
+    verify_scope: Literal["all", "used"] = "all"
 
 
 class ModelConfig(_Strict):
@@ -310,8 +315,11 @@ class EvalConfig(_Strict):
     # checkpoint's weight-update time. "inline": evaluations inside the timed loop, as before v6.1.
     mode: Literal["offline", "inline"] = "offline"
     # offline: "concurrent" evaluates checkpoints as they land, beside training, and stops training
-    # at the first that passes (max_steps is the budget); "after" trains to max_steps, then evaluates.
-    offline_order: Literal["concurrent", "after"] = "concurrent"
+    # at the first that passes (max_steps is the budget); "after" trains to max_steps, then evaluates;
+    # "between_steps" pauses training after each step to evaluate its checkpoint on the training's
+    # own server, and stops at the first that passes (a pause stays inside the clock of every later
+    # checkpoint: run_stop is still the passing checkpoint's weight-update time).
+    offline_order: Literal["concurrent", "after", "between_steps"] = "concurrent"
     # offline: which checkpoints to evaluate. "step_order": every one from start_step until the first
     # that passes (the reference's way; the closed division's log needs one evaluation a step).
     # "bisect" (after training only): the last checkpoint, then halving the gap between the latest

@@ -43,7 +43,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_steps": 10,
         # One short module per task, issues that name the function; a validation task may be another
         # instance of a trained function + bug family (docs/history.md: what the harder splits gave).
-        "dataset": {"num_train": 700, "num_validation": 251, "difficulty": 0.0, "split": "text"},
+        # A run verifies the tasks it can use (251 + the batches of 10 steps, not all 951).
+        "dataset": {"num_train": 700, "num_validation": 251, "difficulty": 0.0, "split": "text",
+                    "verify_scope": "used"},
         # The shipped base (models/mini-base/manifest.json), as MLPerf gives every submitter one
         # checkpoint; the architecture below and RECIPES["mini"] are the recipe `make base` built it with.
         "model": {"path": "models/mini-base", "hidden_size": 256, "num_layers": 4, "num_heads": 4,
@@ -62,15 +64,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grpo": {"prompts_per_step": 16, "generations_per_prompt": 8, "async_rollouts": False,
                  "filter_zero_variance_groups": True},
         "optimizer": {"lr": 5e-5, "grad_clip": 1.0, "micro_batch_tokens": 16384},
-        # Offline (MLPerf v6.1): a checkpoint after every step from step 4 on, evaluated after training
-        # (max_steps is the budget) in step order until the first that passes: from the shipped base
-        # that is the first one, and the first passing checkpoint is then exact (bisection, which
-        # evaluates the last first, assumes pass@k rises with the step and cost 4 evaluations to find
-        # checkpoint 4 of 15). Each task's samples until its first success (the same pass@4, fewer
+        # Offline (MLPerf v6.1): a checkpoint after every step from step 4 on, each evaluated as soon
+        # as it is synced while training waits, in step order until the first that passes (max_steps
+        # is the budget): from the shipped base that is the first one, so training stops at step 4
+        # instead of running to max_steps before the evaluation ("after"). Bisection, which evaluates
+        # the last first, assumes pass@k rises with the step and cost 4 evaluations to find
+        # checkpoint 4 of 15. Each task's samples until its first success (the same pass@4, fewer
         # episodes). An evaluator beside training shares these cores with it and falls behind
         # (docs/history.md); give it its own hardware to run it concurrently.
-        "eval": {"k": 4, "samples_per_task": 4, "start_step": 4, "mode": "offline", "offline_order": "after",
-                 "offline_search": "step_order", "early_stop": True},
+        "eval": {"k": 4, "samples_per_task": 4, "start_step": 4, "mode": "offline",
+                 "offline_order": "between_steps", "offline_search": "step_order", "early_stop": True},
     },
     "qwen35_397b_grpo": {
         "max_steps": 200,

@@ -168,6 +168,13 @@ def read_log_times(text: str) -> dict:
     return out
 
 
+def offline_clock(order: str) -> str:
+    """Where an order's evaluations stand against MLPerf's clock (run_stop is the passing checkpoint's update)."""
+    if order == "between_steps":
+        return "between steps while training waited (a failing one's minutes count in the clock of later checkpoints)"
+    return "outside the timed interval"
+
+
 def rules_report(cfg, store, run_id: str) -> list[dict]:
     """Each closed-division rule that applies to a run, whether this run satisfies it, and the
     evidence (a count, a key, a value): what a submitter otherwise checks by hand."""
@@ -197,7 +204,7 @@ def rules_report(cfg, store, run_id: str) -> list[dict]:
     rule("first evaluation at GBS * ceil(2.5 + 3840 / GBS) samples, then every step",
          cfg.eval.start_step * gbs == first and every,
          f"first at {cfg.eval.start_step * gbs} samples (step {cfg.eval.start_step}), closed {first}; "
-         + (f"offline search {cfg.eval.offline_search}" if cfg.eval.mode == "offline"
+         + (f"offline search {cfg.eval.offline_search}, order {cfg.eval.offline_order}" if cfg.eval.mode == "offline"
             else f"every {cfg.eval.every_steps} step(s)"))
     timeouts = {"agent.episode_timeout_s": (cfg.agent.episode_timeout_s, 1800),
                 "sandbox.test_timeout_s": (cfg.sandbox.test_timeout_s, 60),

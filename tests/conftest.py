@@ -13,6 +13,7 @@ atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.pop("PREFECT_API_URL", None)
+os.environ["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"  # as flows.process sets it for a run
 
 # tests/data holds R2E-format task repos whose own hidden tests run inside sandboxes, not here.
 collect_ignore = ["data"]
@@ -34,3 +35,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Prefect's temporary API server stops at exit and says so on a stream pytest has closed by then
+    # ("--- Logging error --- ... I/O operation on closed file"): stop it while the stream is open.
+    import sys
+
+    server = sys.modules.get("prefect.server.api.server")
+    if server is not None:
+        for s in list(server.SubprocessASGIServer._instances.values()):
+            s.stop()

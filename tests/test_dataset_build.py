@@ -121,3 +121,44 @@ def test_sample_verified_in_real_sandbox(sandbox_rootfs, tmp_path):
     broken = dict(sample[0], expected_output_json=json.dumps({"test_missing": "PASSED"}))
     with pytest.raises(DatasetVerificationError, match=sample[0]["instance_id"]):
         verify.verify_tasks([broken], store, sandbox_cfg("bwrap"))
+
+
+@pytest.mark.slow
+def test_a_run_verifies_the_tasks_it_can_use_and_a_longer_run_only_what_it_adds(sandbox_rootfs, tmp_path,
+                                                                                monkeypatch):
+    """dataset.verify_scope=used: the validation split and the training batches of steps 1..max_steps,
+    each recorded per task (a longer run grades only the batches it adds); a base build verifies all."""
+    from flows import prepare
+    from schemas.presets import load_config
+    from tasks.storage import Store
+    from tests.fixtures.sandbox import sandbox_cfg
+
+    store = Store(f"file://{tmp_path}/store")
+    graded = []
+    real = verify.grade_rollouts
+    monkeypatch.setattr(verify, "grade_rollouts", lambda items, *a, **k: graded.append(len(items)) or real(items, *a, **k))
+
+    def cfg(steps):
+        c = load_config("smoke", {"max_steps": steps, "grpo": {"prompts_per_step": 2},
+                                  "dataset": {"num_train": 24, "num_validation": 6, "seed": 5, "verify_scope": "used"}})
+        return c.model_copy(update={"sandbox": sandbox_cfg("bwrap")})
+
+    key = prepare.dataset.fn(cfg(2), store, "used")
+    rows = store.read_table(key, stage="tasks").to_pylist()
+    used = prepare.used_task_ids(cfg(2), rows)
+    train = sorted(r["instance_id"] for r in rows if r["split"] == "train")
+    assert used == {r["instance_id"] for r in rows if r["split"] == "validation"} | {
+        i for s in range(2) for i in prepare.training_batch(train, s, 2, 0, "fixed")}
+    assert len(used) == 6 + 4 and graded == [2 * len(used)]  # a gold and an empty grading each
+
+    def marked(row):
+        return store.exists(f"datasets/verified/{verify._verification_key(row, store, sandbox_cfg('bwrap'))}.json")
+
+    assert {r["instance_id"] for r in rows if marked(r)} == used
+    assert not build.fully_verified(store, key)
+    prepare.dataset.fn(cfg(3), store, "used")  # one more step: its batch only
+    assert graded == [20, 2 * len(prepare.used_task_ids(cfg(3), rows) - used)] and graded[1] > 0
+    prepare.dataset.fn(cfg(3), store, "all")  # a base build: every task, then the dataset's marker
+    assert build.fully_verified(store, key) and graded[2] == 2 * len(rows)
+    prepare.dataset.fn(cfg(9), store, "used")
+    assert len(graded) == 3  # all verified: nothing more

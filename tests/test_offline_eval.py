@@ -254,3 +254,54 @@ def test_sigkill_during_offline_evaluation_resumes_without_redoing_or_moving_the
     stop = events[keys.index("run_stop")]
     last = store.get_json(f"runs/{run_id}/checkpoints/step-00002.commit")
     assert stop["metadata"]["status"] == "aborted" and stop["time_ms"] == int(1000 * last["weight_update_end_unix"])
+
+
+@pytest.mark.slow
+def test_between_steps_evaluates_each_checkpoint_on_the_training_server_and_resumes_its_verdict(smoke_server,
+                                                                                                tmp_path):
+    """The mini's order: training waits while its own server evaluates the checkpoint it has just
+    synced; a pass stops training there. Killed mid-evaluation, the rerun finishes that evaluation
+    (not redoing what committed) before it would train on."""
+    from tasks.mlperf import check
+    from tasks.storage import Store
+
+    run_id = f"test-between-{int(time.time())}"
+    overrides = _offline(smoke_server.base_url, **{"eval.target": -1.0, "eval.offline_order": "between_steps",
+                                                   "max_steps": 3})
+    env, cmd = flow_env(tmp_path), main_command(run_id, overrides)
+    store = Store(overrides["storage"]["root"])
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if "step 1 evaluation: start" in line:
+                break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not store.stage_committed(run_id, 1, "eval_summary")
+    assert not store.exists(f"runs/{run_id}/checkpoints/step-00002.commit")
+    again = _run(run_id, overrides, env)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert "offline evaluator started" not in again.stdout  # no server of its own
+    assert "step 2/3" not in again.stdout  # the verdict came before any further step
+    done = store.get_json(f"runs/{run_id}/training_done.json")
+    assert done == {**done, "last_step": 1, "stopped_by": "a passing checkpoint"}
+    result = store.get_json(f"runs/{run_id}/offline_eval.json")
+    assert result["passed_step"] == 1 and result["order"] == "between_steps"
+    first = store.get_json(f"runs/{run_id}/checkpoints/step-00001.commit")
+    events = _log_events(store, run_id)
+    keys = [e["key"] for e in events]
+    assert keys.count("run_start") == 1 and keys.count("eval_accuracy") == 1 and keys[-1] == "run_stop"
+    assert keys.index("block_stop") < keys.index("eval_start")  # logged as it happened, after step 1
+    stop = events[-1]
+    assert stop["metadata"]["status"] == "success" and stop["time_ms"] == int(1000 * first["weight_update_end_unix"])
+    assert "between steps while training waited" in again.stdout  # the summary says which order ran
+    log = tmp_path / "mlperf.log"
+    log.write_bytes(store.get_bytes(f"runs/{run_id}/mlperf.log"))
+    ok, out = check(str(log))
+    errors = [ln for ln in out.splitlines() if "ERROR" in ln]
+    assert ok or ("Failed checks for eval_accuracy : v['value'] > 0.69" in out
+                  and all(e.rstrip().endswith("FAILED") or "eval_accuracy" in e or "0.69" in e for e in errors)), out[-3000:]

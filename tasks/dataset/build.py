@@ -117,6 +117,11 @@ def build_mini_benchmark(cfg, store, sandbox_cfg=None, verify: bool = True, veri
     return key
 
 
+def fully_verified(store, key: str) -> bool:
+    """Whether every task of the mini tasks table `key` has been verified (its dataset's marker)."""
+    return store.exists(f"{key.rsplit('/', 1)[0]}/verified.json")
+
+
 def pool_key(dataset_id: str, n: int, foreign_names: float = 0.0) -> str:
     return f"datasets/{dataset_id}/warm-start-pool-{n}{f'-foreign{foreign_names:g}' if foreign_names else ''}.parquet"
 

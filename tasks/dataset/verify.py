@@ -121,10 +121,11 @@ def _verification_key(row: dict, store, sandbox_cfg) -> str:
     return h.hexdigest()[:32]
 
 
-def verify_tasks(rows: list[dict], store, sandbox_cfg, progress=None) -> None:
+def verify_tasks(rows: list[dict], store, sandbox_cfg, progress=None, cache: bool = False) -> None:
     """Grade the gold patch (must score 1) and the empty patch (must score 0) of every row in a
-    sandbox (`check_tasks`). Raises DatasetVerificationError naming every failing instance and why."""
-    failures = check_tasks(rows, store, sandbox_cfg, progress)
+    sandbox (`check_tasks`; cache: as there). Raises DatasetVerificationError naming every failing
+    instance and why."""
+    failures = check_tasks(rows, store, sandbox_cfg, progress, cache=cache)
     if failures:
         raise DatasetVerificationError(failures, len(rows))
 
