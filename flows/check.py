@@ -21,6 +21,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from schemas.presets import PermanentError
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -249,6 +251,23 @@ def preflight(cfg, resources: bool = False) -> list[Finding]:
     to read its resources (`make check`; a run joins it anyway)."""
     return [preflight_checkpoint(cfg), *preflight_tasks(cfg), preflight_gpus(cfg), preflight_vllm(cfg),
             preflight_cluster(cfg, resources), preflight_sandbox(cfg), preflight_store(cfg)]
+
+
+def missing(findings: list[Finding]) -> str:
+    """The problems as one line ("" if none): what a run that would fail on them says instead."""
+    return "; ".join(f"{f.part}: {f.text}" for f in findings if f.status == "problem")
+
+
+class PreflightError(PermanentError):
+    """A part the preset needs is missing: a rerun meets it again until someone provides it."""
+
+
+def require(cfg) -> None:
+    """The preflight for a run started without `flows.main` (a deployment from the UI): raises
+    PreflightError naming every missing part, before anything starts."""
+    problems = missing(preflight(cfg))
+    if problems:
+        raise PreflightError(f"missing: {problems} (make check lists what the preset needs)")
 
 
 def report(findings: list[Finding]) -> str:

@@ -56,10 +56,12 @@ def train_entry(preset: PresetName = "mini", run_id: str = "", overrides: list[s
         run_id: reuse one to resume a killed run; empty = PRESET-DATE-TIME
         overrides: section.field=value, one per item (e.g. max_steps=1, grpo.prompts_per_step=4)
     """
+    from flows.check import require
     from flows.train import train
     from tasks.storage import Store
 
     cfg, ov = _config(preset, overrides)
+    require(cfg)  # what `make run` checks first: a missing part fails the flow run in seconds, named
     run_id = run_id or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = train.fn(preset=preset, overrides=ov, run_id=run_id)
     # Publishing is idempotent per flow run: a train() that already published makes these no-ops.

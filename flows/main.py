@@ -131,15 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     except PermanentError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from flows.check import preflight, report
+    from flows.check import missing, preflight, report
 
     findings = preflight(cfg)  # what `make check` shows, before a server or a sandbox starts
     if any(f.status != "ok" for f in findings):
         print(report([f for f in findings if f.status != "ok"]), flush=True)
-    missing = [f for f in findings if f.status == "problem"]
-    if missing:
-        print(f"error: missing: {'; '.join(f'{f.part}: {f.text}' for f in missing)} (make check "
-              f"ARGS=\"--preset {args.preset} ...\" lists what the preset needs)", file=sys.stderr)
+    if missing(findings):
+        print(f"error: missing: {missing(findings)} (make check ARGS=\"--preset {args.preset} ...\" lists what "
+              "the preset needs)", file=sys.stderr)
         return 2
     stop_on_signals()
     quiet_permanent_errors()

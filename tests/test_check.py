@@ -91,3 +91,19 @@ def test_a_checkpoint_without_weights_is_named(tmp_path):
         (tmp_path / name).write_text(json.dumps({}))
     found = check.preflight_checkpoint(load_config("smoke", {"model": {"path": str(tmp_path)}}))
     assert found.status == "problem" and "lacks model.safetensors" in found.text
+
+
+def test_a_run_started_from_the_ui_runs_the_preflight_first(tmp_path, monkeypatch):
+    """A deployment's train flow (what the UI's Run button starts) refuses a preset this machine
+    cannot run, naming every missing part, before it writes or starts anything."""
+    import pytest
+
+    from flows.deployments import train_entry
+
+    monkeypatch.setenv("RLVR_UI_STORE", f"file://{tmp_path}/store")
+    with pytest.raises(check.PreflightError) as e:
+        train_entry.fn(preset="qwen35_397b_grpo", run_id="from-the-ui")
+    text = str(e.value)
+    assert "checkpoint: model directory /checkpoints/Qwen3.5-397B-A17B does not exist" in text
+    assert "GPUs: need 8" in text and "vLLM:" in text and "make check" in text
+    assert not (tmp_path / "store" / "runs").exists()  # the store check may create the root, no run
