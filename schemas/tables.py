@@ -10,7 +10,9 @@ Build tables with `schema.from_rows(rows)` so the Arrow types are exact.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,6 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pandera.pyarrow as ppa
 from pandera.errors import SchemaError, SchemaErrors
+
+# pandera imports its pyspark engine inside every dtype check. Without pyspark that import fails each
+# time, and a thread can meet another's half-imported module (AttributeError: no 'DataType'): a
+# run's parallel table writes did. Marked absent, the import fails at once in every thread.
+if importlib.util.find_spec("pyspark") is None:
+    sys.modules.setdefault("pandera.engines.pyspark_engine", None)
 
 # agent_error: an error of our own code ended the episode (masked); patch_too_large: the final patch
 # was over the diff cap (the policy's doing: graded as the empty patch).

@@ -128,3 +128,35 @@ def test_demonstrations_keep_policy_version_minus_one():
     # The scripted solver's version is -1 (tasks/agent/scripted.py): not a count, so no sign rule.
     rows = [dict(R.trajectory_row(i), policy_version=-1) for i in range(2)]
     TRAJECTORIES.validate(TRAJECTORIES.from_rows(rows))
+
+
+_RACE = """
+import threading
+from schemas.tables import TRAJECTORIES
+errors, gate = [], threading.Barrier(16)
+def validate():
+    gate.wait()
+    try:
+        for _ in range(5):
+            TRAJECTORIES.validate(TRAJECTORIES.from_rows([]))
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=validate) for _ in range(16)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(errors)
+"""
+
+
+def test_tables_validated_in_many_threads_at_once_from_a_fresh_interpreter():
+    """pandera retries its missing pyspark engine's import in every dtype check; 16 threads at once
+    met a half-imported module ("no attribute 'DataType'") in 2 of 5 fresh interpreters before
+    schemas/tables.py marked it absent (a run's parallel table writes failed on it)."""
+    import subprocess
+    import sys
+
+    from tests.fixtures.smoke import REPO
+
+    for _ in range(6):
+        out = subprocess.run([sys.executable, "-c", _RACE], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout[-2000:] + out.stderr[-2000:]
