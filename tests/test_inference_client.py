@@ -284,6 +284,14 @@ def test_build_command_cpu_and_gpu(tmp_path):
 def test_qwen3_5_on_cpu_is_bf16(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_5_moe_text"}')
     assert "--dtype bfloat16" in " ".join(build_command(tmp_path, InferenceConfig(), 9000))
+    # fp32 starts a server that dies on its first request: refused before it starts, with the reason.
+    from schemas.presets import PermanentError
+
+    with pytest.raises(PermanentError, match="inference.dtype=float32 cannot serve .*GDN attention asserts bfloat16"):
+        build_command(tmp_path, InferenceConfig(dtype="float32"), 9000)
+    assert "--dtype float32" in " ".join(build_command(tmp_path, InferenceConfig(dtype="float32", device="gpu"), 9000))
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')  # the default architecture: fp32 serves
+    assert "--dtype float32" in " ".join(build_command(tmp_path, InferenceConfig(dtype="float32"), 9000))
 
 
 def test_an_idle_connection_is_not_reused_when_the_server_may_be_closing_it():

