@@ -58,6 +58,16 @@ def run_seed(preset: str, run_id: str, seed: int, overrides: list[str]) -> dict:
     return {**json.loads(out[start + 1:]), "wall_s": time.monotonic() - t0}
 
 
+def ci(e: dict) -> str:
+    """'0.737 [0.68, 0.79] P 0.93': an evaluation's pass@4, its 95% interval and P(> target)."""
+    out = f"{e['pass_at_k']:.3f}"
+    if e.get("pass_at_k_low") is not None:
+        out += f" [{e['pass_at_k_low']:.2f}, {e['pass_at_k_high']:.2f}]"
+    if e.get("p_above_target") is not None:
+        out += f" P {e['p_above_target']:.2f}"
+    return out
+
+
 def minutes(summary: dict) -> float:
     return (summary.get("time_to_train_s") or 0) / 60
 
@@ -81,18 +91,20 @@ def main() -> int:
     rows = []
     for seed in seeds:
         s = run_seed(a.preset, f"{a.prefix}-s{seed}", seed, a.overrides)
-        evals = ", ".join(f"{e['step']}: {e['pass_at_k']:.3f}" for e in s["evaluations"])
+        evals = ", ".join(f"{e['step']}: {ci(e)}" for e in s["evaluations"])
         rows.append((seed, s))
         print(f"seed {seed}: {s['status']}, {s['steps']} steps, {minutes(s):.1f} min to train, "
               f"{s['wall_s'] / 60:.1f} min of wall time, pass@4 by step {{{evals}}}", flush=True)
-    print("\n| seed | status | steps | passed at | time to train (min) | wall time (min) | best pass@4 |\n"
-          "|---|---|---|---|---|---|---|")
+    print("\n| seed | status | steps | passed at | time to train (min) | wall time (min) | pass@4 [95%] by "
+          "checkpoint | luck risk |\n|---|---|---|---|---|---|---|---|")
     for seed, s in rows:
         best = max((e["pass_at_k"] for e in s["evaluations"]), default=float("nan"))
         passed = (s.get("offline") or {}).get("passed_step") or next(
             (e["step"] for e in s["evaluations"] if s["status"] == "succeeded" and e["pass_at_k"] == best), "-")
+        by_step = "; ".join(f"{e['step']}: {ci(e)}" for e in s["evaluations"])
+        luck = f"{s['luck']['luck_risk']:.2f}" if s.get("luck") else "-"
         print(f"| {seed} | {s['status']} | {s['steps']} | {passed} | {minutes(s):.1f} | {s['wall_s'] / 60:.1f} "
-              f"| {best:.3f} |")
+              f"| {by_step} | {luck} |")
     done = [minutes(s) for _, s in rows if s["status"] == "succeeded" and s.get("time_to_train_s")]
     if done:
         print(f"\nreached the target: {len(done)} of {len(rows)}; time to train median {statistics.median(done):.1f} "
