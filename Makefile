@@ -98,7 +98,8 @@ bench-levers: setup
 bench-ceiling: setup
 	$(PY) tests/bench/bench_ceiling.py $(ARGS)
 
-# Time to train over seeds, one `make run` each, prepare shared (ARGS="--seeds 0,1,2 [-- key=value ...]").
+# Time to train over seeds, one `make run` each, prepare shared (ARGS="--seeds 0,1,2 [-- key=value ...]"),
+# then MLPerf's score and the RCP check (ARGS="--from-runs ID1,ID2,ID3": those of finished runs).
 bench-seeds: setup
 	$(PY) tests/bench/seeds.py $(ARGS)
 
