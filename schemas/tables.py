@@ -548,7 +548,7 @@ EVAL_SUMMARY = TableSchema(
 
 REPRODUCIBILITY_METRICS = ("config", "dataset", "base_checkpoint", "batch_membership", "eval_tasks", "prompt_agreement",
            "pass_at_k", "pass_at_1", "train_reward_mean", "time_to_train_s", "trajectory_agreement",
-           "eval_trajectory_agreement", "reward_agreement")
+           "eval_trajectory_agreement", "reward_agreement", "update_agreement")
 REPRODUCIBILITY_RULES = ("exact", "binomial", "ratio", "min_share", "info")
 
 # --- reproducibility: a rerun of a pinned configuration compared with its baseline run ---

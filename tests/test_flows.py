@@ -94,7 +94,7 @@ def _run_until(cmd, env, marker: str, timeout: float = 900) -> tuple[bool, str]:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_mid_rollout_mid_update_mid_eval(smoke_server, tmp_path):
+def test_resume_after_sigkill_mid_rollout_mid_update_mid_eval(smoke_server, smoke_train_run, tmp_path):
     run_id = f"test-resume-{int(time.time())}"
     overrides = smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [smoke_server.base_url],
                                    "agent.partial_flush_s": 0, "grpo.async_rollouts": False,
@@ -130,6 +130,13 @@ def test_resume_after_sigkill_mid_rollout_mid_update_mid_eval(smoke_server, tmp_
     traj = {r["rollout_id"]: r for r in store.read_stage(run_id, 1, "trajectories").to_pylist()}
     for row in partial.values():
         assert traj[row["rollout_id"]]["token_ids"] == row["token_ids"]
+    # Seeded sampling: this run, killed and resumed mid-rollout, sampled the session smoke run's step 1 token
+    # for token (the same base, run seed and batch; request seeds leave out the run id).
+    other = {(r["instance_id"], r["sample_index"]): r["token_ids"]
+             for r in store.read_stage(smoke_train_run["run_id"], 1, "trajectories").to_pylist()}
+    mine = {(r["instance_id"], r["sample_index"]): r["token_ids"] for r in traj.values()}
+    assert mine.keys() == other.keys() and all(mine[k] == other[k] for k in mine), \
+        sum(mine[k] != other.get(k) for k in mine)
     log = store.get_bytes(f"runs/{run_id}/mlperf.log").decode()
     keys = [json.loads(ln[9:])["key"] for ln in log.splitlines() if ln.startswith(":::MLLOG")]
     assert keys.count("run_start") == 1 and keys.count("run_stop") == 1

@@ -34,10 +34,84 @@ def test_identical_runs_reproduce(two_copies):
     metrics = {r["metric"] for r in rows}
     assert {"config", "dataset", "base_checkpoint", "batch_membership", "prompt_agreement", "pass_at_k",
             "train_reward_mean", "time_to_train_s", "trajectory_agreement"} <= metrics
-    # T=1.0 sampling: trajectory agreement is reported, never gated.
-    assert not any(r["gated"] for r in rows if r["metric"] == "trajectory_agreement")
+    # T=1.0, seeded: step 1 sampled from the same base in both, so it is gated; step 2 sampled from
+    # checkpoint 1, whose weights these copies lack: information only.
+    traj = {r["step"]: r for r in rows if r["metric"] == "trajectory_agreement"}
+    assert traj[1]["gated"] and traj[1]["rerun"] == 1.0 and "seeded, from identical weights" in traj[1]["detail"]
+    assert not traj[2]["gated"] and "not in the store" in traj[2]["detail"]
     two_copies.write_table("runs/again/reproducibility.parquet", report, stage="reproducibility")
     assert "**reproduced**" in report_markdown(report)
+
+
+@pytest.fixture
+def two_copies_with_weights(tmp_path, smoke_run):
+    from tasks.storage import Store
+
+    src, dst = Store(SMOKE_STORE_ROOT), Store(f"file://{tmp_path}/store")
+    copy_run(src, dst, smoke_run, "base", weights=True)
+    copy_run(src, dst, smoke_run, "again", weights=True)
+    return dst
+
+
+def _edit_trajectory(store, run_id: str, step: int, edit) -> None:
+    from schemas.tables import TRAJECTORIES
+
+    rows = store.read_stage(run_id, step, "trajectories").to_pylist()
+    rows = sorted(rows, key=lambda r: r["rollout_id"])
+    edit(rows[0])
+    store.write_stage(run_id, step, "trajectories", TRAJECTORIES.from_rows(rows), overwrite=True)
+
+
+def test_seeded_reruns_are_gated_where_both_sampled_from_identical_weights(two_copies_with_weights):
+    """The three verdicts a step can get, on real smoke tables and weights: identical; the same tokens with
+    other numbers (logprobs, weights); other tokens, which fail the gate where both runs sampled seeded from
+    identical weights and are information where they did not."""
+    import torch
+    from safetensors.torch import load, save
+
+    from flows.reproducibility import compare_runs, report_markdown
+    from flows.stages import checkpoint_key
+
+    store = two_copies_with_weights
+
+    def rows_of():
+        return {(r["metric"], r["step"]): r for r in compare_runs(store, "base", "again").to_pylist()}
+
+    rows = rows_of()
+    assert rows[("trajectory_agreement", 2)]["gated"]  # checkpoint 1 identical: step 2 is pinned too
+    assert rows[("update_agreement", 1)]["detail"].startswith("identical")
+
+    def other_logprob(r):  # the same tokens, other numbers
+        i = r["loss_mask"].index(1)
+        r["generation_logprobs"][i] += 1e-6
+
+    _edit_trajectory(store, "again", 1, other_logprob)
+    rows = rows_of()
+    assert rows[("trajectory_agreement", 1)]["ok"] and "1 same tokens with other logprobs" in rows[
+        ("trajectory_agreement", 1)]["detail"]
+    assert rows[("update_agreement", 1)]["detail"].startswith("same tokens, different numbers")
+
+    def other_token(r):
+        i = r["loss_mask"].index(1)
+        r["token_ids"][i] = (r["token_ids"][i] + 1) % 1000
+
+    _edit_trajectory(store, "again", 1, other_token)
+    rows = rows_of()
+    t1 = rows[("trajectory_agreement", 1)]
+    assert t1["gated"] and not t1["ok"] and t1["rerun"] == 7 / 8, t1
+    assert rows[("update_agreement", 1)]["detail"].startswith("different tokens")
+
+    key = checkpoint_key("again", 1) + "/model.safetensors"  # checkpoint 1 one ulp-ish apart
+    tensors = load(store.get_bytes(key))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] += torch.tensor(1e-3, dtype=tensors[name].dtype)
+    store.put_bytes(key, save(tensors))
+    rows = rows_of()
+    t2 = rows[("trajectory_agreement", 2)]
+    assert not t2["gated"] and f"1 of {len(tensors)} tensors differ" in t2["detail"], t2
+    md = report_markdown(compare_runs(store, "base", "again"))
+    assert "**DRIFT**" in md and "- step 1: different tokens" in md
 
 
 def _drift(store, run_id: str, step: int, **values):

@@ -13,7 +13,8 @@ from schemas.presets import load_config
 
 def test_seeded_sampling_on_cpu_turns_chunked_prefill_off():
     assert load_config("smoke", ["agent.seeded_sampling=true"]).inference.chunked_prefill is False
-    assert load_config("smoke", []).inference.chunked_prefill is None  # vLLM's default where not seeded
+    assert load_config("smoke", []).inference.chunked_prefill is False  # seeded by default
+    assert load_config("smoke", ["agent.seeded_sampling=false"]).inference.chunked_prefill is None  # vLLM's default
     on_gpu = load_config("smoke", ["agent.seeded_sampling=true", "inference.device=gpu"])
     assert on_gpu.inference.chunked_prefill is None  # CUDA generators have offsets
 
