@@ -45,12 +45,12 @@ def _run_logger():
 
 class Progress:
     """Counts for a long stage: "<what>: 120/951 tasks, 1.2 min, about 3.4 min left" (the time left
-    once a tenth is done), logged at each quarter, at least every `every_s` seconds, and at the end. Thread-safe: graders call it from
+    once a tenth is done, at the rate since the first finished), logged at each quarter, at least every `every_s` seconds, and at the end. Thread-safe: graders call it from
     their pool."""
 
-    def __init__(self, what: str, total: int, unit: str = "", every_s: float = 15.0):
-        self.what, self.total, self.unit, self.every_s = what, total, unit, every_s
-        self.done, self.t0, self.last = 0, time.monotonic(), time.monotonic()
+    def __init__(self, what: str, total: int, unit: str = "", every_s: float = 15.0, clock=time.monotonic):
+        self.what, self.total, self.unit, self.every_s, self.clock = what, total, unit, every_s, clock
+        self.done, self.t0, self.last, self.t_first = 0, clock(), clock(), None
         self.lock = threading.Lock()
         try:
             self.logger = _run_logger()
@@ -60,15 +60,17 @@ class Progress:
     def __call__(self, *_):
         with self.lock:
             self.done += 1
-            now, done = time.monotonic(), self.done
+            now, done = self.clock(), self.done
+            self.t_first = now if done == 1 else self.t_first
             quarter = done % max(1, self.total // 4) == 0
             if done < self.total and not quarter and now - self.last < self.every_s:
                 return
             self.last = now
         took = now - self.t0
         eta = ""
-        if done < self.total:  # items finish in waves: the first few say little about the rest
-            eta = (f", about {_minutes(took / done * (self.total - done))} left" if done >= max(1, self.total // 10)
+        if done < self.total:  # items run many at once: the rate counts from the first one's end
+            rate = (done - 1) / (now - self.t_first) if now > self.t_first else 0.0
+            eta = (f", about {_minutes((self.total - done) / rate)} left" if done >= max(2, self.total // 10) and rate
                    else ", estimating the time left")
         log(f"{self.what}: {done}/{self.total}{' ' + self.unit if self.unit else ''}, {_minutes(took)}{eta}",
             self.logger)

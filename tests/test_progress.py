@@ -14,3 +14,15 @@ def test_time_left_waits_for_a_tenth_of_the_items(capsys):
     for _ in range(90):
         progress()
     assert "left" not in capsys.readouterr().out.strip().splitlines()[-1]  # done: nothing left to estimate
+
+
+def test_time_left_counts_the_rate_after_the_first_items_finish(capsys):
+    # 100 items, 10 in flight, 10 s each: the first ends at 10 s, then one a second. At 10 done (19 s)
+    # 90 s are left; the average since the start (1.9 s an item) would say 171 s.
+    now = [0.0]
+    progress = Progress("evaluation", 100, unit="tasks", every_s=0.0, clock=lambda: now[0])
+    for i in range(10):
+        now[0] = 10.0 + i
+        progress()
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "10/100 tasks" in line and "about 1.5 min left" in line, line  # 90 s
