@@ -388,6 +388,7 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
                    "evaluations": [{"step": r["step"], "pass_at_k": r["pass_at_k"], "pass_at_1": r["pass_at_1"],
                                     "minutes": round(r["eval_seconds"] / 60, 1), "samples": r["num_samples"],
                                     **_gate(r)} for r in rows]}
+        stage_totals["evaluation"] = sum(r["eval_seconds"] for r in rows)
     else:
         for e in evals:
             stage_totals["evaluation"] = stage_totals.get("evaluation", 0.0) + e["eval_seconds"]
@@ -398,6 +399,9 @@ def summarize_run(ctx: RunContext, prepared: dict, base_row: dict | None = None)
         base_id = base_eval_id(ctx.cfg, prepared)
         if store.stage_committed(base_id, 0, "eval_summary"):
             base_row = store.read_stage(base_id, 0, "eval_summary").to_pylist()[0]
+    began = min((a.started_at for a in manifest.attempts), default=None) if manifest else None
+    if base_row and began and (base_row.get("started_unix") or 0) >= began:  # measured by this run, not cached
+        stage_totals["base_evaluation"] = base_row["eval_seconds"]
     recorded = None
     if prepared.get("base_weights"):
         recorded = (read_manifest(prepared["base_model"]) or {}).get("evaluation")
