@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.supervise import watch
 
     watch(os.getpid())  # ends what this run started if it is killed outright
+    if cfg.dataset.source == "mini":  # prepare's sandbox_image waits for it: debootstrap runs while the API starts
+        from tasks.sandbox import image
+
+        image.start_rootfs_build()
     resume = f"rerun with --run-id {run_id} to resume it (make run ARGS=\"--run-id {run_id} ...\")"
     try:
         start_prefect_api()

@@ -161,6 +161,31 @@ def test_prepare_builds_the_sandbox_image_a_fresh_machine_lacks(monkeypatch):
     assert calls == [False, True]
 
 
+def test_a_rootfs_build_in_the_background_fails_prepare_with_its_reason(tmp_path, monkeypatch, capfd):
+    # `make run` starts the build before Prefect's API (flows/main.py); prepare's sandbox_image
+    # waits for it: its failure must fail prepare as a build in place would, and a rerun builds.
+    from flows import prepare
+    from tasks.sandbox import image
+
+    script = tmp_path / "build-rootfs.sh"
+    script.write_text("sleep 1; echo 'debootstrap: cannot reach the mirror' >&2; exit 3\n")
+    monkeypatch.setattr(image, "BUILD_SCRIPT", script)
+    monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(image, "_background", None)
+    t0 = time.monotonic()
+    image.start_rootfs_build()
+    assert time.monotonic() - t0 < 0.5  # the caller goes on while it builds
+    with pytest.raises(subprocess.CalledProcessError, match="exit status 3"):
+        prepare.sandbox_image.fn(load_config("mini"))
+    assert "cannot reach the mirror" in capfd.readouterr().err
+    (tmp_path / "cache" / "sandbox" / "rootfs.tmp-1").mkdir()  # a build killed outright
+    script.write_text('mkdir "$1"\n')
+    monkeypatch.setattr(image, "_background", None)
+    image.start_rootfs_build()
+    prepare.sandbox_image.fn(load_config("mini"))
+    assert image.rootfs_ready() and not list((tmp_path / "cache" / "sandbox").glob("rootfs.tmp-*"))
+
+
 def test_warm_start_can_leave_the_rl_tasks_unseen(smoke_prepared):
     # sft.demonstrations_per_task=0: demonstrations come from the generated pool only, so no task
     # GRPO trains on was fine-tuned on (GRPO on fine-tuned prompts learned instances, README).

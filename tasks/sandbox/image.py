@@ -22,7 +22,9 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "infra" / "sandbox" / "build-rootfs.sh"
@@ -59,8 +61,35 @@ def _log(msg: str) -> None:
     print(f"[sandbox-image] {msg}", file=sys.stderr, flush=True)
 
 
+_background: Future | None = None  # the build start_rootfs_build began in this process
+
+
+def start_rootfs_build() -> None:
+    """Build the rootfs (if missing or stale) in a thread while the caller goes on: debootstrap keeps
+    one core busy. ensure_rootfs then waits for it and raises its error. A daemon thread: a stopped
+    run exits at once; the run's watchdog ends debootstrap and the next build removes its tree."""
+    global _background
+    if _background is not None or rootfs_ready():
+        return
+    _background = Future()
+
+    def build(future: Future) -> None:
+        try:
+            future.set_result(_build_rootfs())
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=build, args=(_background,), name="rootfs-build", daemon=True).start()
+
+
 def ensure_rootfs() -> pathlib.Path:
     """Build the rootfs if missing or stale; returns its path. Safe across processes (file lock)."""
+    if _background is not None:
+        return _background.result()
+    return _build_rootfs()
+
+
+def _build_rootfs() -> pathlib.Path:
     if rootfs_ready():
         return rootfs_path()
     d = cache_dir()
@@ -69,8 +98,9 @@ def ensure_rootfs() -> pathlib.Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if rootfs_ready():  # another process built it while we waited
             return rootfs_path()
+        for stale in [*d.glob("rootfs.tmp-*"), *d.glob("rootfs.old-*")]:  # left by a build killed outright
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = d / f"rootfs.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.monotonic()
         _log(f"debootstrap {SUITE} ({','.join(PACKAGES)}) -> {rootfs_path()} (about a minute)")
         env = dict(os.environ, RLVR_SANDBOX_PACKAGES=",".join(PACKAGES))
