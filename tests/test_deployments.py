@@ -33,7 +33,7 @@ def test_forms_are_typed():
     repro = _schema(reproducibility)
     assert repro["required"] == ["baseline_run_id"]
     assert set(repro["definitions"]["Tolerances"]["properties"]) == {"z", "min_abs", "time_ratio",
-                                                                     "trajectory_agreement"}
+                                                                     "trajectory_agreement", "seeded_agreement"}
 
 
 def test_bad_input_fails_before_anything_starts():
