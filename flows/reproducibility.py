@@ -14,7 +14,8 @@ What is compared, and how strictly. Sampling is seeded per request (agent.seeded
 default: tasks/agent/loop.py request_seed, from the run seed, the rollout and the turn, not the run
 id), so at T > 0 a rerun samples the same tokens wherever the served logits agree. They agree while
 both runs sample from bitwise-identical weights: the base checkpoint always, a later checkpoint only
-if the trainer reproduced it bit for bit (on CPU it does not: ~1e-6 apart after one update). So
+if its update was reproduced bit for bit (in the mini it was not: vLLM's logprobs, which enter the
+loss, differ with how requests were batched, and the weights part by ~1e-6 after one update). So
 trajectories are gated where sampling is greedy, or seeded from weights with the same digest in both
 runs; elsewhere they are information, and the report says for each step which of three it was:
 "identical" (same tokens, same logprobs, same update), "same tokens, different numbers" (logprobs,
@@ -39,6 +40,7 @@ loss, gradient norm or weights differ; the tokens did not yet) or "different tok
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 
@@ -246,7 +248,8 @@ def _sampling_note(fb: dict, fr: dict, weights: "_WeightPins | None" = None, ver
     if weights is not None:
         for v in sorted(versions):
             if weights.same(v) is not True:
-                return f"T > 0, seeded, sampled from weights not known identical: {weights.describe(v)}"
+                known = "other weights" if weights.same(v) is False else "weights not known to be the same"
+                return f"T > 0, seeded, sampled from {known}: {weights.describe(v)}"
     return "T > 0, seeded per request: the same tokens wherever the logits agree (information, not gated)"
 
 
@@ -301,18 +304,26 @@ class _WeightPins:
         keys = [checkpoint_key(r, version) + "/model.safetensors" for r in self.runs]
         if not all(self.store.exists(k) for k in keys):
             return None, f"checkpoint {version}'s weights are not in the store"
-        blobs = [self.store.get_bytes(k) for k in keys]
-        if blobs[0] == blobs[1]:
+        if len({self._sha256(k) for k in keys}) == 1:
             return True, f"checkpoint {version}: identical weights"
+        if max(self.store.fs.size(self.store.path(k)) for k in keys) > 2**30:  # too big to load for a detail
+            return False, f"checkpoint {version}: the weights differ"
         from safetensors.torch import load
 
-        a, b = (load(x) for x in blobs)
+        a, b = (load(self.store.get_bytes(k)) for k in keys)
         if a.keys() != b.keys():
             return False, f"checkpoint {version}: different tensor names"
         differ = [n for n in a if a[n].shape != b[n].shape or not bool((a[n] == b[n]).all())]
         worst = max((float((a[n].float() - b[n].float()).abs().max()) for n in differ if a[n].shape == b[n].shape),
                     default=math.inf)
         return False, f"checkpoint {version}: {len(differ)} of {len(a)} tensors differ (max |diff| {worst:.2g})"
+
+    def _sha256(self, key: str) -> str:
+        h = hashlib.sha256()
+        with self.store.fs.open(self.store.path(key), "rb") as f:
+            while chunk := f.read(1 << 24):  # streamed: a checkpoint may not fit in memory twice
+                h.update(chunk)
+        return h.hexdigest()
 
     def same(self, version: int) -> bool | None:
         """True: identical; False: different; None: not known (weights not stored)."""
