@@ -72,7 +72,8 @@ def update_policy(ctx: RunContext, step: int, trajectories_key: str, advantages_
                                          "committed_at": time.time()})
     log(f"step {step} update: loss {metrics.get('loss', float('nan')):.4f} grad_norm "
         f"{metrics.get('grad_norm', float('nan')):.3f} tokens {metrics.get('tokens', 0)} "
-        f"is_oob {metrics.get('is_oob_ratio', 0):.3f} ({metrics.get('seconds', 0):.1f} s)")
+        f"is_oob {metrics.get('is_oob_ratio', 0):.3f} mult_prob_error {metrics.get('token_mult_prob_error', 0):.5f} "
+        f"({metrics.get('precision', '?')}, {metrics.get('seconds', 0):.1f} s)")
     return key
 
 

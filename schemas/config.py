@@ -301,6 +301,11 @@ class OptimizerConfig(_Strict):
     freeze_router: bool = True
     # Training processes (torchrun --nproc_per_node); gloo on CPU, NCCL on GPU.
     num_ranks: int = Field(1, ge=1)
+    # The trainer's compute: fp32, or bf16 on the bf16 rounding of fp32 master weights (AdamW state
+    # and checkpoints fp32, as Megatron's bf16 parameters with fp32 main weights). None = bf16 on
+    # GPU, fp32 on CPU. Keep it equal to what the sampler computes in (inference.dtype): the
+    # importance ratios compare the two.
+    precision: Literal["fp32", "bf16"] | None = None
 
 
 class EvalConfig(_Strict):

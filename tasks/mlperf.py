@@ -32,7 +32,8 @@ def hyperparameters(cfg) -> dict:
     compliant run, and `deviations(cfg)` says so.
     """
     gbs = cfg.grpo.global_batch_size
-    precision = "fp32" if cfg.inference.device == "cpu" else "bfloat16"
+    cpu = cfg.inference.device == "cpu"
+    precision = "bfloat16" if (cfg.optimizer.precision or ("fp32" if cpu else "bf16")) == "bf16" else "fp32"
     micro = max(1, cfg.optimizer.micro_batch_tokens // max(1, cfg.agent.max_context_tokens))
     return {
         "global_batch_size": gbs,

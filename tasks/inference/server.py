@@ -75,6 +75,9 @@ def server_dtype(cfg: InferenceConfig, model_dir: pathlib.Path) -> str:
 def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int) -> list[str]:
     """The vLLM command line for `model_dir` (flags checked against vLLM 0.32's CLI)."""
     model_dir = pathlib.Path(model_dir)
+    # vLLM caches a hybrid's prefixes (its GDN states, mamba cache mode 'align') only with chunked
+    # prefill, which seeded sampling turns off on CPU (RunConfig): such a server caches no prefixes.
+    prefix_caching = not (_model_type(model_dir).startswith("qwen3_5") and cfg.chunked_prefill is False)
     # `python -m ...api_server`: the `vllm` console script fails in the CPU build.
     cmd = [
         vllm_python(cfg), "-m", "vllm.entrypoints.openai.api_server",
@@ -85,7 +88,7 @@ def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int)
         "--dtype", server_dtype(cfg, model_dir),
         "--max-model-len", str(cfg.max_model_len),
         "--max-num-seqs", str(cfg.max_num_seqs),
-        "--enable-prefix-caching",
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         # For chat-API users (the agent itself works token-in/token-out).
         "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
         # Ignore sampling defaults in a checkpoint's generation_config.json (a real

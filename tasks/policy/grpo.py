@@ -124,7 +124,7 @@ class PolicyTrainer:
         self.optimizer_unsaved = not save_optimizer
         metrics = _combine_steps(steps)
         metrics.update(
-            policy_version=version, world_size=rt.world, optimizer_steps=len(steps), optimizer_resumed=bool(resumed),
+            policy_version=version, world_size=rt.world, precision="bf16" if rt.bf16 else "fp32", optimizer_steps=len(steps), optimizer_resumed=bool(resumed),
             optimizer_saved=save_optimizer, num_samples=len(samples), num_masked_samples=num_masked,
             lr=cfg.effective_lr, grad_clip=cfg.effective_grad_clip, load_seconds=t_loaded - t0,
             update_seconds=t_updated - t_loaded, save_seconds=save_s, seconds=time.perf_counter() - t0,

@@ -58,7 +58,7 @@ def init_runtime(precision: str | None = None) -> Runtime:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    precision = precision or ("bf16" if cuda else "fp32")  # bf16 on CPU was ~10x slower
+    precision = precision or ("bf16" if cuda else "fp32")
     return Runtime(rank, world, device, precision == "bf16")
 
 
@@ -98,8 +98,12 @@ def token_logprobs(model, mb: MicroBatch, rt: Runtime, temperature: float = 1.0)
     the importance ratios and the policy gradient must use."""
     # One GPU is not sharded, so FSDP2's bf16 policy does not apply: autocast instead.
     autocast = rt.bf16 and rt.world == 1 and rt.device.type == "cuda"
-    with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+    inputs = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    if rt.bf16 and rt.world == 1 and rt.device.type == "cpu":
+        logits = _bf16_forward(model, inputs)
+    else:
+        with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+            logits = model(**inputs).logits
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -107,10 +111,22 @@ def token_logprobs(model, mb: MicroBatch, rt: Runtime, temperature: float = 1.0)
     return -nll.view_as(mb.targets)
 
 
+def _bf16_forward(model, inputs: dict) -> torch.Tensor:
+    """Logits of the whole forward in bf16, on the bf16 rounding of the fp32 master weights: what
+    FSDP2's param_dtype=bf16 computes on N ranks, and the weights vLLM serves in bf16 from our fp32
+    checkpoints. Gradients flow back through the cast into the fp32 master weights, which AdamW steps."""
+    from torch.func import functional_call
+
+    params = {n: p.to(torch.bfloat16) for n, p in model.named_parameters()}
+    return functional_call(model, params, args=(), kwargs=inputs).logits
+
+
 def policy_logprobs(model, token_ids: list[list[int]], micro_batch_tokens: int = 16384,
-                    device: str | torch.device = "cpu", temperature: float = 1.0) -> list[torch.Tensor]:
-    """Per sequence, the shifted logprobs [L-1] of a plain (unsharded) model. For tests and tools."""
-    rt = Runtime(0, 1, torch.device(device), False)
+                    device: str | torch.device = "cpu", temperature: float = 1.0,
+                    precision: str = "fp32") -> list[torch.Tensor]:
+    """Per sequence, the shifted logprobs [L-1] of a plain (unsharded) model, computed as the trainer
+    computes them at `precision` (fp32, or bf16 on fp32 master weights). For tests and tools."""
+    rt = Runtime(0, 1, torch.device(device), precision == "bf16")
     samples = [Sample(str(i), torch.tensor(t, dtype=torch.long), torch.zeros(len(t) - 1), torch.zeros(len(t) - 1))
                for i, t in enumerate(token_ids)]
     out: list[torch.Tensor | None] = [None] * len(samples)

@@ -1,0 +1,99 @@
+"""Sampler/trainer mismatch of a run, measured as the reference measures it, per step.
+
+    .venv/bin/python research/mismatch.py STORE_ROOT RUN_ID [--steps 1 2 3] [--precision fp32 bf16]
+
+For each step, the trajectories vLLM sampled (their token ids and vLLM's logprobs) are scored again by
+the trainer at the weights that sampled them (the base for step 1, checkpoint s-1 after), at each
+precision asked for (fp32, or bf16 on the bf16 rounding of the fp32 weights: optimizer.precision), and
+compared over the generated tokens:
+    token_mult_prob_error  NeMo-RL's: mean over generated tokens of exp(|trainer - vLLM|) (1 = exact)
+    masked                 the share of sequences seq-mask-tis drops: geometric-mean ratio
+                           exp(mean(trainer - vLLM)) outside [0.999, 1.002] (the reference's bounds)
+    ratio p5/p50/p95       the distribution of that per-sequence geometric-mean ratio
+    |d| mean / max         per-token |trainer - vLLM| logprob difference
+The training temperature divides the logits, as the trainer does (vLLM reports processed logprobs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LO, HI = 0.999, 1.002  # the reference's seq-mask-tis bounds (qwen35_397b_grpo preset)
+
+
+def sequences(table) -> list[tuple[list[int], list[int], list[float]]]:
+    """(token ids, loss mask, vLLM logprobs) per rollout, as the trajectories table stores them."""
+    cols = [table.column(c).to_pylist() for c in ("token_ids", "loss_mask", "generation_logprobs")]
+    return list(zip(*cols))
+
+
+def compare(model, seqs, temperature: float, precision: str) -> dict:
+    import numpy as np
+
+    from tasks.policy.runtime import policy_logprobs
+
+    scored = policy_logprobs(model, [s[0] for s in seqs], temperature=temperature, precision=precision)
+    diffs, ratios = [], []
+    for (_, mask, gen), lp in zip(seqs, scored):
+        m = np.asarray(mask[1:], dtype=bool)  # shifted: position t predicts token t+1
+        if not m.any():
+            continue
+        d = lp.numpy().astype(np.float64)[m] - np.asarray(gen[1:], dtype=np.float64)[m]
+        diffs.append(d)
+        ratios.append(float(np.exp(d.mean())))
+    d = np.concatenate(diffs)
+    r = np.asarray(ratios)
+    return {"sequences": len(r), "tokens": int(d.size),
+            "token_mult_prob_error": float(np.exp(np.abs(d)).mean()),
+            "masked": float(((r < LO) | (r > HI)).mean()),
+            "ratio_p5": float(np.percentile(r, 5)), "ratio_p50": float(np.median(r)),
+            "ratio_p95": float(np.percentile(r, 95)),
+            "abs_diff_mean": float(np.abs(d).mean()), "abs_diff_max": float(np.abs(d).max())}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("store")
+    p.add_argument("run_id")
+    p.add_argument("--steps", type=int, nargs="*")
+    p.add_argument("--precision", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--json", help="write the rows here too")
+    a = p.parse_args(argv)
+
+    from flows.prepare import _local_model
+    from flows.stages import checkpoint_key
+    from schemas.config import RunConfig
+    from tasks.policy.model import load_pretrained_policy
+    from tasks.storage import Store
+
+    store = Store(a.store)
+    manifest = store.read_manifest(a.run_id)
+    cfg = RunConfig.model_validate(manifest.config)
+    steps = a.steps or [s for s in range(1, cfg.max_steps + 1) if store.stage_committed(a.run_id, s, "trajectories")]
+    rows = []
+    for step in steps:
+        seqs = sequences(store.read_stage(a.run_id, step, "trajectories"))
+        key = manifest.prepared["base_model"] if step == 1 else checkpoint_key(a.run_id, step - 1)
+        model, _ = load_pretrained_policy(_local_model(cfg, store, key))
+        for precision in a.precision:
+            row = {"step": step, "trainer": precision, "sampler": cfg.inference.dtype or "float32",
+                   "arch": model.config.model_type,
+                   **compare(model, seqs, cfg.agent.training.temperature, precision)}
+            rows.append(row)
+            print(f"step {step} sampler {row['sampler']:>8} trainer {precision}: {row['sequences']} seqs "
+                  f"{row['tokens']} tokens  token_mult_prob_error {row['token_mult_prob_error']:.5f}  "
+                  f"masked {row['masked']:.1%}  ratio p5/p50/p95 {row['ratio_p5']:.5f}/{row['ratio_p50']:.5f}/"
+                  f"{row['ratio_p95']:.5f}  |d| mean {row['abs_diff_mean']:.2e} max {row['abs_diff_max']:.2e}",
+                  flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
