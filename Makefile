@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run check test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset \
+.PHONY: run check test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset bench-hybrid \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
 	bench-import bench-cluster bench-levers bench-ceiling bench-grading bench-seeded base chaos
 
@@ -77,6 +77,10 @@ bench-model: venv
 
 bench-policy: venv
 	$(PY) tests/bench/bench_policy.py
+
+# qwen3_moe (the mini's) against the Qwen3.5 hybrid (mini-hybrid) at the mini's sizes: decode and update.
+bench-hybrid: venv vllm-venv
+	$(PY) tests/bench/bench_hybrid.py $(ARGS)
 
 bench-inference: setup
 	$(PY) tests/bench/bench_inference.py

@@ -52,7 +52,8 @@ def train_entry(preset: PresetName = "mini", run_id: str = "", overrides: list[s
     """Train with GRPO.
 
     Args:
-        preset: smoke (minutes, what the tests run), mini (the embedded default), qwen35_397b_grpo (GPU cluster)
+        preset: smoke (minutes, what the tests run), mini (the embedded default), qwen35_397b_grpo (GPU
+            cluster); smoke-hybrid, mini-hybrid: smoke and mini with Qwen3.5's architecture, in bf16
         run_id: reuse one to resume a killed run; empty = PRESET-DATE-TIME
         overrides: section.field=value, one per item (e.g. max_steps=1, grpo.prompts_per_step=4)
     """

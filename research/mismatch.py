@@ -3,9 +3,12 @@
     .venv/bin/python research/mismatch.py STORE_ROOT RUN_ID [--steps 1 2 3] [--precision fp32 bf16]
 
 For each step, the trajectories vLLM sampled (their token ids and vLLM's logprobs) are scored again by
-the trainer at the weights that sampled them (the base for step 1, checkpoint s-1 after), at each
-precision asked for (fp32, or bf16 on the bf16 rounding of the fp32 weights: optimizer.precision), and
-compared over the generated tokens:
+the trainer at the weights that sampled them (the base for step 1, checkpoint s-1 after), in each
+way asked for, and compared over the generated tokens:
+    fp32     fp32 compute on the fp32 weights (the trainer's default on CPU)
+    bf16     bf16 compute on the bf16 rounding of the fp32 weights (optimizer.precision=bf16)
+    fp32-bf16w  fp32 compute on the bf16 rounding of the weights: the values vLLM serves in bf16,
+             without bf16's rounding of every activation (a scoring mode, to locate the mismatch)
     token_mult_prob_error  NeMo-RL's: mean over generated tokens of exp(|trainer - vLLM|) (1 = exact)
     masked                 the share of sequences seq-mask-tis drops: geometric-mean ratio
                            exp(mean(trainer - vLLM)) outside [0.999, 1.002] (the reference's bounds)
@@ -61,9 +64,15 @@ def main(argv=None) -> int:
     p.add_argument("store")
     p.add_argument("run_id")
     p.add_argument("--steps", type=int, nargs="*")
-    p.add_argument("--precision", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--precision", nargs="*", default=["fp32", "bf16", "fp32-bf16w"],
+                   choices=["fp32", "bf16", "fp32-bf16w"])
     p.add_argument("--json", help="write the rows here too")
     a = p.parse_args(argv)
+
+    import copy
+    import tempfile
+
+    import torch
 
     from flows.prepare import _local_model
     from flows.stages import checkpoint_key
@@ -78,14 +87,23 @@ def main(argv=None) -> int:
     rows = []
     for step in steps:
         seqs = sequences(store.read_stage(a.run_id, step, "trajectories"))
-        key = manifest.prepared["base_model"] if step == 1 else checkpoint_key(a.run_id, step - 1)
-        model, _ = load_pretrained_policy(_local_model(cfg, store, key))
+        if step == 1:
+            local = _local_model(cfg, store, manifest.prepared["base_model"])  # cached by its content key
+        else:  # checkpoint names repeat across runs: a fresh copy
+            local = store.get_dir(checkpoint_key(a.run_id, step - 1), Path(tempfile.mkdtemp()) / "ckpt")
+        model, _ = load_pretrained_policy(local)
         for precision in a.precision:
+            scorer = model
+            if precision == "fp32-bf16w":
+                scorer = copy.deepcopy(model)
+                with torch.no_grad():
+                    for p_ in scorer.parameters():
+                        p_.copy_(p_.bfloat16().float())
             row = {"step": step, "trainer": precision, "sampler": cfg.inference.dtype or "float32",
                    "arch": model.config.model_type,
-                   **compare(model, seqs, cfg.agent.training.temperature, precision)}
+                   **compare(scorer, seqs, cfg.agent.training.temperature, precision.split("-")[0])}
             rows.append(row)
-            print(f"step {step} sampler {row['sampler']:>8} trainer {precision}: {row['sequences']} seqs "
+            print(f"step {step} sampler {row['sampler']:>8} trainer {precision:>10}: {row['sequences']} seqs "
                   f"{row['tokens']} tokens  token_mult_prob_error {row['token_mult_prob_error']:.5f}  "
                   f"masked {row['masked']:.1%}  ratio p5/p50/p95 {row['ratio_p5']:.5f}/{row['ratio_p50']:.5f}/"
                   f"{row['ratio_p95']:.5f}  |d| mean {row['abs_diff_mean']:.2e} max {row['abs_diff_max']:.2e}",

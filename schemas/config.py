@@ -1,6 +1,6 @@
 """Run configuration: one pydantic model per concern, gathered in `RunConfig`.
 
-Presets (smoke, mini, qwen35_397b_grpo) live in `schemas/presets.py`; every
+Presets (smoke, mini, qwen35_397b_grpo, smoke-hybrid, mini-hybrid) live in `schemas/presets.py`; every
 field can be overridden from the command line (`key.sub=value`) or from a
 flow parameter. Validation happens before anything starts, so a typo or an
 impossible value fails in the first second of a run, not after set-up.

@@ -3,6 +3,8 @@
     smoke             every stage real, a few tasks, minutes; what the tests run
     mini              the embedded default: mini benchmark, tiny model, vLLM CPU, local sandboxes
     qwen35_397b_grpo  the MLPerf reference hyperparameters for GPU clusters
+    smoke-hybrid      smoke with the benchmark's architecture (Qwen3.5: Gated DeltaNet + MoE), bf16
+    mini-hybrid       mini with it; no shipped base yet (a run builds one first: hours)
 
 `load_config("mini", ["grpo.prompts_per_step=8", "seed=3"])` applies overrides
 (`section.field=value`, values parsed as JSON when they parse, else as strings)
