@@ -290,3 +290,45 @@ def test_nan_gradient_aborts_naming_the_micro_batch(tmp_path, monkeypatch):
     with pytest.raises(UpdateAborted, match=r"non-finite gradient in micro-batch 1 of 3 \(rank 0: g0-s1-0\)"):
         grpo_step(src, traj, adv, cfg, tmp_path / "v1")
     assert not (tmp_path / "v1").exists()
+
+
+def test_bf16_precision_is_a_bf16_forward_on_the_rounded_fp32_master_weights(tmp_path):
+    """optimizer.precision=bf16: the logprobs are exactly those of the model cast to bf16 (what vLLM
+    serves from our fp32 checkpoints), the gradients reach the fp32 weights, and the update moves
+    probability as the fp32 one does, with the checkpoint and AdamW state in fp32."""
+    import copy
+
+    from tasks.policy.batch import Sample, collate
+    from tasks.policy.runtime import Runtime, token_logprobs
+
+    cfg = run_config(lr=1e-3)
+    cur = make_policy_dir(tmp_path / "v0")
+    model = load_policy(cur)
+    ids = episode(PROMPT, "2")[0]
+    sample = Sample("s", torch.tensor(ids), torch.ones(len(ids) - 1), torch.zeros(len(ids) - 1))
+    mb = collate([sample], [0], torch.device("cpu"))
+    lp = token_logprobs(model, mb, Runtime(0, 1, torch.device("cpu"), True))
+    with torch.no_grad():
+        cast = copy.deepcopy(model)
+        for p in cast.parameters():  # the parameters in bf16; buffers (rotary frequencies) as they were
+            p.data = p.data.to(torch.bfloat16)
+        ref = torch.log_softmax(cast(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits.float(), -1)
+    ref = ref[0].gather(-1, mb.targets[0, :, None])[:, 0]  # collate shifts: logits at t predict targets[t]
+    assert torch.equal(lp[0], ref)  # bitwise: the same bf16 weights, the same bf16 computation
+    assert not torch.equal(lp[0], policy_logprobs(model, [ids])[0])  # and not the fp32 one
+    lp.sum().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(g is not None and g.dtype == torch.float32 for g in grads) and any(g.abs().sum() > 0 for g in grads)
+
+    m0 = load_policy(cur)
+    before = completion_logprob(m0, PROMPT, "2")
+    rewards = [1.0 if c == "2" else 0.0 for _, c in GROUP]
+    traj, adv = rollouts(cur, GROUP, rewards, cfg)
+    metrics = grpo_step(cur, traj, adv, cfg, tmp_path / "v1", precision="bf16")
+    assert metrics["precision"] == "bf16"
+    after = load_policy(tmp_path / "v1")
+    assert all(p.dtype == torch.float32 for p in after.parameters())
+    assert completion_logprob(after, PROMPT, "2") > before + 0.1
+    state = torch.load(tmp_path / "v1" / OPTIMIZER_FILE, weights_only=False)["state"]
+    assert all(v["exp_avg"].dtype == torch.float32 for v in state.values())

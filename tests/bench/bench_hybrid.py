@@ -96,7 +96,9 @@ def main() -> int:
         res[arch]["parameters"] = num_parameters(load_pretrained_policy(d)[0])
     # Decode: one server per architecture, in turns (start-up excluded).
     for arch, d in dirs.items():
-        cfg = InferenceConfig(max_model_len=4096, max_num_seqs=a.concurrency, startup_timeout_s=600)
+        # As a seeded run serves (RunConfig): no chunked prefill on CPU, so the hybrid caches no prefixes.
+        cfg = InferenceConfig(max_model_len=4096, max_num_seqs=a.concurrency, startup_timeout_s=600,
+                              chunked_prefill=False)
         t0 = time.perf_counter()
         with VLLMServer(d, cfg, log_dir=root / "logs") as server:
             res[arch]["server_start_s"] = time.perf_counter() - t0
