@@ -290,7 +290,11 @@ def test_qwen3_5_on_cpu_is_bf16(tmp_path):
     with pytest.raises(PermanentError, match="inference.dtype=float32 cannot serve .*GDN attention asserts bfloat16"):
         build_command(tmp_path, InferenceConfig(dtype="float32"), 9000)
     assert "--dtype float32" in " ".join(build_command(tmp_path, InferenceConfig(dtype="float32", device="gpu"), 9000))
+    # vLLM caches a hybrid's prefixes only with chunked prefill (which seeded runs turn off on CPU): else none.
+    assert "--enable-prefix-caching" in build_command(tmp_path, InferenceConfig(), 9000)
+    assert "--no-enable-prefix-caching" in build_command(tmp_path, InferenceConfig(chunked_prefill=False), 9000)
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')  # the default architecture: fp32 serves
+    assert "--enable-prefix-caching" in build_command(tmp_path, InferenceConfig(chunked_prefill=False), 9000)
     assert "--dtype float32" in " ".join(build_command(tmp_path, InferenceConfig(dtype="float32"), 9000))
 
 
