@@ -177,7 +177,8 @@ class RunContext:
             from tasks.policy.worker import TrainerWorker
 
             self.trainer = TrainerWorker(model_dir, self.cfg, num_ranks=self.cfg.optimizer.num_ranks,
-                                         precision=self.cfg.optimizer.precision, log_path=self.workdir / "logs" / "trainer.log").start()
+                                         precision=self.cfg.optimizer.precision,
+                                         log_path=self.workdir / "logs" / "trainer.log").start()
 
     def _stop_servers(self, timeout: float = 30.0) -> None:
         for server in self.servers or ([self.server] if self.server is not None else []):

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from schemas.config import RunConfig
 from schemas.recipe import WarmStartRecipe
 
+
 def _deep_merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for k, v in extra.items():
