@@ -22,7 +22,7 @@ def hybrid_run(smoke_prepared, tmp_path_factory):
 
     run_id = f"test-hybrid-{int(time.time())}"
     overrides = smoke_overrides(**{"eval.mode": "offline", "eval.offline_order": "between_steps",
-                                   "eval.start_step": 2, "eval.max_tasks": 4, "agent.max_turns": 2})
+                                   "eval.start_step": 2, "eval.max_tasks": 4})
     cmd = [sys.executable, "-m", "flows.main", "--preset", "smoke-hybrid", "--run-id", run_id,
            *cli_overrides(overrides)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200,
