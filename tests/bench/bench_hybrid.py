@@ -40,7 +40,8 @@ async def decode(server, tok, concurrency: int, new_tokens: int) -> float:
     from tasks.inference import PolicyClient
     from tasks.policy import tokenizer as T
 
-    client = PolicyClient([server.base_url], stop_token_ids=[])  # no stop: every request decodes new_tokens
+    # No stop ids of ours (vLLM still stops at the model's EOS): tokens/s counts what was generated.
+    client = PolicyClient([server.base_url], stop_token_ids=[])
     prompts = [T.prompt_ids(tok, [{"role": "user", "content": f"Fix bug number {i} in foo.py."}])
                for i in range(concurrency)]
     t0 = time.perf_counter()
@@ -85,14 +86,12 @@ def main() -> int:
 
     from schemas.config import InferenceConfig
     from tasks.inference import VLLMServer
-    from tasks.policy.model import num_parameters
+    from tasks.policy.model import load_pretrained_policy, num_parameters
 
     root = Path(tempfile.mkdtemp(prefix="bench-hybrid-"))
     dirs = {arch: build(arch, root) for arch in ARCHS}
     res: dict = {arch: {"decode_tok_s": [], "update_s": {"fp32": [], "bf16": []}} for arch in ARCHS}
     for arch, d in dirs.items():
-        from tasks.policy.model import load_pretrained_policy
-
         res[arch]["parameters"] = num_parameters(load_pretrained_policy(d)[0])
     # Decode: one server per architecture, in turns (start-up excluded).
     for arch, d in dirs.items():
