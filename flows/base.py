@@ -11,7 +11,8 @@
     evaluate         pass@k on every validation task, recorded in the manifest with the machine
 
 Every stage is cached in the store as `make run` caches it, so a rebuild that was cut
-resumes. `make run` then starts from the frozen base: no SFT runs on a user's machine.
+resumes; an SFT stage also keeps its state every 10 minutes beside its output (tasks/policy/sft.py),
+so a cut mid-stage loses at most that. `make run` then starts from the frozen base: no SFT runs on a user's machine.
 `--from DIR` adds to a frozen base the stages this recipe has beyond its own (more restart
 cycles, then the habit phase again; a clean phase), with the demonstrations, settings and checks
 a rebuild from nothing uses: minutes to half an hour, not hours.

@@ -332,3 +332,62 @@ def test_bf16_precision_is_a_bf16_forward_on_the_rounded_fp32_master_weights(tmp
     assert completion_logprob(after, PROMPT, "2") > before + 0.1
     state = torch.load(tmp_path / "v1" / OPTIMIZER_FILE, weights_only=False)["state"]
     assert all(v["exp_avg"].dtype == torch.float32 for v in state.values())
+
+
+def test_sft_resumes_a_stopped_stage_exactly_where_it_stopped(tmp_path, monkeypatch):
+    """A stage killed mid-way and run again ends with the weights, losses and metrics of one run
+    straight through: weights, AdamW moments, the shuffle and the lr schedule all carry over."""
+    import tasks.policy.sft as sft
+
+    src = make_policy_dir(tmp_path / "base")
+    demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 33+33=", "66"), ("Q: 4+4=", "8"),
+                             ("Q: 5+5=", "10")], group="demo")
+    stage = sft_stage(batch_size=2, cosine_decay=True, cosine_cycles=2, minutes=None)
+    straight = sft_train(src, demos, run_config(), stage, tmp_path / "straight", max_steps=8)
+
+    real_step, calls = sft.sft_step, []
+
+    def dies_at_the_sixth(*args):
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt("killed")  # what a SIGINT raises in the worker mid-step
+        return real_step(*args)
+
+    monkeypatch.setattr(sft, "sft_step", dies_at_the_sixth)
+    with pytest.raises(KeyboardInterrupt):
+        sft_train(src, demos, run_config(), stage, tmp_path / "resumed", max_steps=8, resume_every_s=0)
+    assert not (tmp_path / "resumed").exists() and (tmp_path / "resumed.resume").is_dir()
+    monkeypatch.setattr(sft, "sft_step", real_step)
+    lines = []
+    resumed = sft_train(src, demos, run_config(), stage, tmp_path / "resumed", max_steps=8, resume_every_s=0,
+                        progress=lines.append)
+    assert resumed["resumed_at_step"] == 5 and lines[0].startswith("sft resumed at step 5/8")
+    assert resumed["losses"] == straight["losses"] and resumed["tokens"] == straight["tokens"]
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (tmp_path / "resumed.resume").exists()  # gone once the stage's checkpoint is saved
+
+
+def test_sft_starts_over_when_the_resume_state_is_another_stages(tmp_path, monkeypatch):
+    import tasks.policy.sft as sft
+
+    src = make_policy_dir(tmp_path / "base")
+    demos = trajectory_rows([("Q: 1+1=", "2"), ("Q: 2+2=", "4"), ("Q: 3+3=", "6")], group="demo")
+    real_step, calls = sft.sft_step, []
+
+    def dies_at_the_third(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        return real_step(*args)
+
+    for lr, steps in ((2e-3, 4), (1e-3, 6)):  # another lr; another limit
+        calls.clear()
+        monkeypatch.setattr(sft, "sft_step", dies_at_the_third)
+        with pytest.raises(KeyboardInterrupt):
+            sft_train(src, demos, run_config(), sft_stage(lr=1e-3, minutes=None), tmp_path / "out", max_steps=4,
+                      resume_every_s=0)
+        monkeypatch.setattr(sft, "sft_step", real_step)
+        m = sft_train(src, demos, run_config(), sft_stage(lr=lr, minutes=None), tmp_path / "out", max_steps=steps,
+                      resume_every_s=0)
+        assert m["resumed_at_step"] == 0 and m["steps"] == steps
