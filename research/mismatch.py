@@ -15,6 +15,7 @@ way asked for, and compared over the generated tokens:
     ratio p5/p50/p95       the distribution of that per-sequence geometric-mean ratio
     |d| mean / max         per-token |trainer - vLLM| logprob difference
 The training temperature divides the logits, as the trainer does (vLLM reports processed logprobs).
+Per component (GDN, attention, router, experts, ...) and router flips: research/mismatch_layers.py.
 """
 
 from __future__ import annotations
@@ -36,17 +37,23 @@ def sequences(table) -> list[tuple[list[int], list[int], list[float]]]:
 
 
 def compare(model, seqs, temperature: float, precision: str) -> dict:
-    import numpy as np
-
     from tasks.policy.runtime import policy_logprobs
 
-    scored = policy_logprobs(model, [s[0] for s in seqs], temperature=temperature, precision=precision)
+    return stats(seqs, policy_logprobs(model, [s[0] for s in seqs], temperature=temperature, precision=precision))
+
+
+def stats(seqs, scored, ref=None) -> dict:
+    """The mismatch of `scored` (per sequence, the shifted logprobs [L-1]) against vLLM's logprobs,
+    or against `ref` (the same shape as `scored`) when given, over the generated tokens."""
+    import numpy as np
+
     diffs, ratios = [], []
-    for (_, mask, gen), lp in zip(seqs, scored):
+    for i, ((_, mask, gen), lp) in enumerate(zip(seqs, scored)):
         m = np.asarray(mask[1:], dtype=bool)  # shifted: position t predicts token t+1
         if not m.any():
             continue
-        d = lp.numpy().astype(np.float64)[m] - np.asarray(gen[1:], dtype=np.float64)[m]
+        other = np.asarray(gen[1:], dtype=np.float64) if ref is None else ref[i].numpy().astype(np.float64)
+        d = lp.numpy().astype(np.float64)[m] - other[m]
         diffs.append(d)
         ratios.append(float(np.exp(d.mean())))
     d = np.concatenate(diffs)
@@ -57,6 +64,30 @@ def compare(model, seqs, temperature: float, precision: str) -> dict:
             "ratio_p5": float(np.percentile(r, 5)), "ratio_p50": float(np.median(r)),
             "ratio_p95": float(np.percentile(r, 95)),
             "abs_diff_mean": float(np.abs(d).mean()), "abs_diff_max": float(np.abs(d).max())}
+
+
+def step_models(store_root, run_id, steps=None):
+    """(step, run config, sequences, fp32 model that sampled them) for each step asked for (default:
+    every step whose trajectories are committed): the base for step 1, checkpoint s-1 after."""
+    import tempfile
+
+    from flows.prepare import _local_model
+    from flows.stages import checkpoint_key
+    from schemas.config import RunConfig
+    from tasks.policy.model import load_pretrained_policy
+    from tasks.storage import Store
+
+    store = Store(store_root)
+    manifest = store.read_manifest(run_id)
+    cfg = RunConfig.model_validate(manifest.config)
+    steps = steps or [s for s in range(1, cfg.max_steps + 1) if store.stage_committed(run_id, s, "trajectories")]
+    for step in steps:
+        seqs = sequences(store.read_stage(run_id, step, "trajectories"))
+        if step == 1:
+            local = _local_model(cfg, store, manifest.prepared["base_model"])  # cached by its content key
+        else:  # checkpoint names repeat across runs: a fresh copy
+            local = store.get_dir(checkpoint_key(run_id, step - 1), Path(tempfile.mkdtemp()) / "ckpt")
+        yield step, cfg, seqs, load_pretrained_policy(local)[0]
 
 
 def main(argv=None) -> int:
@@ -70,28 +101,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     import copy
-    import tempfile
 
     import torch
 
-    from flows.prepare import _local_model
-    from flows.stages import checkpoint_key
-    from schemas.config import RunConfig
-    from tasks.policy.model import load_pretrained_policy
-    from tasks.storage import Store
-
-    store = Store(a.store)
-    manifest = store.read_manifest(a.run_id)
-    cfg = RunConfig.model_validate(manifest.config)
-    steps = a.steps or [s for s in range(1, cfg.max_steps + 1) if store.stage_committed(a.run_id, s, "trajectories")]
     rows = []
-    for step in steps:
-        seqs = sequences(store.read_stage(a.run_id, step, "trajectories"))
-        if step == 1:
-            local = _local_model(cfg, store, manifest.prepared["base_model"])  # cached by its content key
-        else:  # checkpoint names repeat across runs: a fresh copy
-            local = store.get_dir(checkpoint_key(a.run_id, step - 1), Path(tempfile.mkdtemp()) / "ckpt")
-        model, _ = load_pretrained_policy(local)
+    for step, cfg, seqs, model in step_models(a.store, a.run_id, a.steps):
         for precision in a.precision:
             scorer = model
             if precision == "fp32-bf16w":
