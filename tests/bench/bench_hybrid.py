@@ -9,6 +9,12 @@ both random weights at the mini preset's width (hidden 256, 4 layers, 8 experts 
               requests at once (the mini's agent.concurrency), each `--new-tokens` tokens past a short prompt
     update    seconds of one GRPO-sized trainer pass (forward, backward, AdamW) on --train-batch
               sequences of --train-seq tokens, per trainer precision (runtime.token_logprobs)
+    sft       with --sft DEMONSTRATIONS.parquet: seconds per warm-start step (the mini recipe's first
+              stage: batches of 8, micro-batches of <= 1,600 tokens, loss on the context too) on those
+              demonstrations, per architecture and trainer precision: what `make base` costs
+    grpo      with --grpo STORE RUN RUN: one GRPO update (tasks/policy/grpo.py) on step 1's rollouts of
+              each run (a mini and a mini-hybrid run, rewards drawn with p=0.3 so most groups have
+              signal), the trainer in each run's own precision
 Medians over --repeats, the architectures measured in turns so a busy machine slows both alike.
 """
 
@@ -72,6 +78,65 @@ def update_seconds(model_dir: Path, precision: str, batch: int, seq: int) -> flo
     return time.perf_counter() - t0
 
 
+def sft_seconds(dirs: dict, demonstrations: str, repeats: int) -> dict:
+    import random
+
+    import pyarrow.parquet as pq
+    import torch
+
+    from schemas.presets import load_config, load_recipe
+    from schemas.recipe import stages
+    from tasks.policy.batch import plan_micro_batches
+    from tasks.policy.runtime import Runtime, adamw, load_for_training
+    from tasks.policy.sft import sft_samples, sft_step
+
+    stage, cfg = stages(load_recipe("mini"))[0], load_config("mini")
+    setups = {}
+    for arch, d in dirs.items():
+        samples = sft_samples(pq.read_table(demonstrations), d, stage.context_loss_weight)
+        for precision in ("fp32", "bf16"):
+            rt = Runtime(0, 1, torch.device("cpu"), precision == "bf16")
+            model, params = load_for_training(d, rt, True)
+            setups[arch, precision] = (model, params, adamw(params, cfg, stage.lr), rt, samples)
+    rng, out = random.Random(0), {}
+    for _ in range(repeats + 1):  # the first round warms up
+        for key, (model, params, opt, rt, samples) in setups.items():
+            batch = rng.sample(samples, stage.batch_size)
+            plan = plan_micro_batches([len(s.tokens) for s in batch], 1, stage.micro_batch_tokens)
+            t0 = time.perf_counter()
+            sft_step(model, params, opt, batch, plan, rt, 1.0)
+            out.setdefault(key, []).append(time.perf_counter() - t0)
+    return {f"{a} {p}": statistics.median(v[1:]) for (a, p), v in out.items()}
+
+
+def grpo_seconds(store_root: str, runs: list[str], repeats: int) -> dict:
+    import random
+    import tempfile
+
+    from schemas.config import RunConfig
+    from tasks.grpo import compute_advantages
+    from tasks.policy.grpo import PolicyTrainer
+    from tests.test_policy_support import reward_table
+    from tasks.storage import Store
+
+    store, out = Store(store_root), {}
+    for _ in range(repeats):
+        for run in runs:
+            cfg = RunConfig.model_validate(store.read_manifest(run).config)
+            traj = store.read_stage(run, 1, "trajectories")
+            rng = random.Random(0)
+            adv = compute_advantages(traj, reward_table(traj, [rng.random() < 0.3 for _ in range(traj.num_rows)]),
+                                     cfg.grpo)
+            trainer = PolicyTrainer(cfg.model.path, cfg, precision=cfg.optimizer.precision)
+            samples, masked = trainer.prepare(traj, adv)
+            t0 = time.perf_counter()
+            trainer.grpo_update(samples, masked, tempfile.mkdtemp(), save_optimizer=False)
+            key = f"{cfg.model.arch} {cfg.optimizer.precision or 'fp32'}: {len(samples)} samples"
+            out.setdefault(key, []).append(time.perf_counter() - t0)
+            print(f"grpo {key}: {out[key][-1]:.0f} s", flush=True)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, default=128)
@@ -79,8 +144,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--train-batch", type=int, default=16)
     ap.add_argument("--train-seq", type=int, default=1024)
+    ap.add_argument("--sft", metavar="DEMONSTRATIONS", help="also time warm-start steps on these demonstrations")
+    ap.add_argument("--grpo", nargs=3, metavar=("STORE", "MINI_RUN", "HYBRID_RUN"),
+                    help="only time one GRPO update on each run's step-1 rollouts")
     ap.add_argument("--json-out")
     a = ap.parse_args()
+    if a.grpo:
+        for key, sec in grpo_seconds(a.grpo[0], a.grpo[1:], a.repeats).items():
+            print(f"GRPO update, {key}: {sec:.0f} s")
+        return 0
 
     from transformers import AutoTokenizer
 
@@ -111,6 +183,10 @@ def main() -> int:
             for precision in ("fp32", "bf16"):
                 res[arch]["update_s"][precision].append(update_seconds(d, precision, a.train_batch, a.train_seq))
                 print(f"{arch} update {precision} {res[arch]['update_s'][precision][-1]:.1f} s", flush=True)
+    if a.sft:
+        res["sft_step_s"] = sft_seconds(dirs, a.sft, a.repeats)
+        for key, sec in res["sft_step_s"].items():
+            print(f"warm-start step, {key}: {sec:.2f} s")
     print(f"\n{a.concurrency} requests x {a.new_tokens} tokens; update: {a.train_batch} x {a.train_seq} tokens")
     base = {}
     for arch in ARCHS:
