@@ -149,7 +149,8 @@ def sft_train(model_dir: str | os.PathLike, demonstrations: pa.Table | list[dict
     return {
         "steps": step, "loss_first": losses[0], "loss_last": losses[-1], "loss_last10": sum(tail) / len(tail),
         "losses": losses, "tokens": tokens, "train_seconds": t_trained - t_loaded, "save_seconds": save_s,
-        "seconds": time.perf_counter() - t0, "tokens_per_second": (tokens - tokens_before) / max(t_trained - t_loaded, 1e-9),
+        "seconds": time.perf_counter() - t0,
+        "tokens_per_second": (tokens - tokens_before) / max(t_trained - t_loaded, 1e-9),
         "policy_version": policy_version, "world_size": rt.world, "lr": stage.lr,
         "peak_rss_mib": all_reduce([peak_rss_mib()], "max")[0], "resumed_at_step": first,
     }
