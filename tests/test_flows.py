@@ -218,8 +218,9 @@ def test_warm_start_chain_restart_cycles_then_the_habit_phase(smoke_prepared):
     sys.path.insert(0, str(REPO / "research"))
     from first_action import first_action
 
-    sft = {"pool_tasks": 4, "max_steps": 8, "cosine_decay": True, "cosine_cycles": 2, "restart_cycles": 1,
-           "habit_steps": 3, "habit_lr": 2e-4, "habit_blind_edits": 1.0}
+    # Steps only (the smoke recipe's 15-s budget cut stages short on a loaded machine).
+    sft = {"pool_tasks": 4, "max_steps": 8, "minutes": None, "cosine_decay": True, "cosine_cycles": 2,
+           "restart_cycles": 1, "habit_steps": 3, "habit_lr": 2e-4, "habit_blind_edits": 1.0}
     cfg = load_config("smoke", smoke_overrides())
     chain = stages(load_recipe("smoke", sft))
     assert [s.name for s in chain] == ["warm start", "restart cycle 1/1", "habit phase"]

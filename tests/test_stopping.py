@@ -15,7 +15,9 @@ import pytest
 from tests.fixtures.smoke import REPO, flow_env, main_command, smoke_overrides
 
 STOP_S = 15.0  # "within a few seconds", with room for a busy 2-core machine
-MID_ROLLOUTS = re.compile(r"step (\d+) trajectories: (\d+)/(\d+) episodes")
+# Training or evaluation episodes, both the same rollout stage: a resumed attempt may have only a few
+# training episodes left, which can all finish between two progress lines.
+MID_ROLLOUTS = re.compile(r"step (\d+) (?:eval_)?trajectories: (\d+)/(\d+) episodes")
 
 
 def _stop_mid_rollouts(cmd, env, sig: int, timeout: float = 1200) -> dict:
