@@ -119,14 +119,15 @@ def grpo_seconds(store_root: str, runs: list[str], repeats: int) -> dict:
     from tests.test_policy_support import reward_table
     from tasks.storage import Store
 
-    store, out = Store(store_root), {}
+    store, inputs, out = Store(store_root), {}, {}
+    for run in runs:  # read once; each repeat starts from the run's own weights
+        cfg = RunConfig.model_validate(store.read_manifest(run).config)
+        traj = store.read_stage(run, 1, "trajectories")
+        rng = random.Random(0)
+        inputs[run] = cfg, traj, compute_advantages(
+            traj, reward_table(traj, [rng.random() < 0.3 for _ in range(traj.num_rows)]), cfg.grpo)
     for _ in range(repeats):
-        for run in runs:
-            cfg = RunConfig.model_validate(store.read_manifest(run).config)
-            traj = store.read_stage(run, 1, "trajectories")
-            rng = random.Random(0)
-            adv = compute_advantages(traj, reward_table(traj, [rng.random() < 0.3 for _ in range(traj.num_rows)]),
-                                     cfg.grpo)
+        for run, (cfg, traj, adv) in inputs.items():
             trainer = PolicyTrainer(cfg.model.path, cfg, precision=cfg.optimizer.precision)
             samples, masked = trainer.prepare(traj, adv)
             t0 = time.perf_counter()
