@@ -15,6 +15,10 @@ both random weights at the mini preset's width (hidden 256, 4 layers, 8 experts 
     grpo      with --grpo STORE RUN RUN: one GRPO update (tasks/policy/grpo.py) on step 1's rollouts of
               each run (a mini and a mini-hybrid run, rewards drawn with p=0.3 so most groups have
               signal), the trainer in each run's own precision
+    grpo-batch with --grpo-batch N: one GRPO update (PolicyTrainer.grpo_update: the mini's 16,384-token
+              micro-batches, the loss, AdamW) on N generated episodes of 1,000-4,000 tokens (30% of them
+              policy tokens, 7 of 8 with an advantage), no store needed: qwen3_moe fp32 (the mini),
+              the hybrid bf16 (mini-hybrid) and fp32
 Medians over --repeats, the architectures measured in turns so a busy machine slows both alike.
 """
 
@@ -138,6 +142,38 @@ def grpo_seconds(store_root: str, runs: list[str], repeats: int) -> dict:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def grpo_batch_seconds(n: int, repeats: int) -> dict:
+    import random
+
+    import torch
+
+    from schemas.presets import load_config
+    from tasks.policy.batch import Sample
+    from tasks.policy.grpo import PolicyTrainer
+
+    rng, g = random.Random(0), torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(n):
+        L = rng.randint(1000, 4000)
+        samples.append(Sample(str(i), torch.randint(10, 4000, (L,), generator=g),
+                              (torch.rand(L - 1, generator=g) < 0.3).float(), torch.full((L - 1,), -1.0),
+                              advantage=rng.choice([-1.0, 1.0]) if i % 8 else 0.0))
+    print(f"{n} episodes, {sum(len(s.tokens) for s in samples)} tokens", flush=True)
+    root, out = Path(tempfile.mkdtemp(prefix="bench-hybrid-")), {}
+    runs = [("qwen3_moe", "fp32"), ("qwen3_5_moe", "bf16"), ("qwen3_5_moe", "fp32")]
+    dirs = {arch: build(arch, root) for arch in ARCHS}
+    for _ in range(repeats):
+        for arch, precision in runs:
+            cfg = load_config(ARCHS[arch][0]).model_copy(deep=True)
+            cfg.model.path = str(dirs[arch])
+            trainer = PolicyTrainer(dirs[arch], cfg, precision=precision)
+            t0 = time.perf_counter()
+            trainer.grpo_update(samples, 0, tempfile.mkdtemp(dir=root), save_optimizer=False)
+            out.setdefault(f"{arch} {precision}", []).append(time.perf_counter() - t0)
+            print(f"grpo {arch} {precision}: {out[f'{arch} {precision}'][-1]:.1f} s", flush=True)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--concurrency", type=int, default=128)
@@ -148,8 +184,14 @@ def main() -> int:
     ap.add_argument("--sft", metavar="DEMONSTRATIONS", help="also time warm-start steps on these demonstrations")
     ap.add_argument("--grpo", nargs=3, metavar=("STORE", "MINI_RUN", "HYBRID_RUN"),
                     help="only time one GRPO update on each run's step-1 rollouts")
+    ap.add_argument("--grpo-batch", type=int, metavar="N", help="only time one GRPO update on N generated episodes")
     ap.add_argument("--json-out")
     a = ap.parse_args()
+    if a.grpo_batch:
+        med = grpo_batch_seconds(a.grpo_batch, a.repeats)
+        for key, sec in med.items():
+            print(f"GRPO update, {key}: {sec:.1f} s ({sec / med['qwen3_moe fp32']:.2f}x the mini's)")
+        return 0
     if a.grpo:
         for key, sec in grpo_seconds(a.grpo[0], a.grpo[1:], a.repeats).items():
             print(f"GRPO update, {key}: {sec:.0f} s")
