@@ -101,6 +101,11 @@ def partial_parts(store, partial_key: str) -> list[str]:
     return sorted(c.key for c in store.commits(folder) if c.key.startswith(stem))
 
 
+def part_index(part_key: str) -> int:
+    """".../trajectories_partial-00002.parquet" -> 2."""
+    return int(part_key.removesuffix(".parquet").rsplit("-", 1)[1])
+
+
 def read_partial(store, partial_key: str) -> dict[str, dict]:
     """rollout id -> row of every finished episode a killed attempt committed (parts, and the one
     table earlier versions rewrote)."""
@@ -189,7 +194,10 @@ class PartWriter:
 
     def __init__(self, store, key: str | None, stage: str, schema, every_s: float = 0.0):
         self.store, self.key, self.stage, self.schema, self.every_s = store, key, stage, schema, every_s
-        self.parts = len(partial_parts(store, key)) if key and store is not None else 0
+        # Numbered after the last committed part, not by their count: a stop can commit part N+1 (the
+        # flush on the way out) while part N's write, cut by the same stop, never committed.
+        committed = partial_parts(store, key) if key and store is not None else []
+        self.parts = 1 + max((part_index(k) for k in committed), default=-1)
         self.rows: list[dict] = []
         self.last = time.monotonic()
         self.lock = asyncio.Lock()

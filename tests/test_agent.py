@@ -304,3 +304,33 @@ def test_collect_writes_valid_trajectories_and_marks_infra_errors(policy_client,
 
     again = asyncio.run(collect(tasks, spec, never, cfg.agent.concurrency, partial=partial))
     assert again.equals(table)
+
+
+def test_a_stop_that_left_a_gap_between_parts_resumes(tmp_path):
+    """A stop can commit part 2 (the flush on the way out) while part 1's write, cut by the same stop,
+    never committed: the next attempt numbers its parts after the last one, not by their count."""
+    from tasks.rollout import PartialTable, RolloutSpec, collect, partial_parts, rollout_id
+    from tasks.storage import Store
+    from tests.rows import trajectory_row
+
+    store, key = Store(f"file://{tmp_path}"), "runs/t/step-00001/trajectories_partial.parquet"
+    spec = RolloutSpec(run_id="t", step=1, split="train", samples_per_task=4, temperature=1.0, top_p=1.0)
+    tasks = [{"instance_id": "task-0"}]
+
+    def row(sample: int) -> dict:
+        return dict(trajectory_row(sample, run_id="t"), rollout_id=rollout_id("t", 1, "task-0", sample))
+
+    for part, sample in ((0, 0), (2, 1)):  # part 1 is the one the stop cut
+        store.write_table(f"runs/t/step-00001/trajectories_partial-{part:05d}.parquet",
+                          TRAJECTORIES.from_rows([row(sample)]), stage="trajectories_partial")
+
+    ran = []
+
+    async def episodes(task, sample):
+        ran.append(sample)
+        return row(sample)
+
+    table = asyncio.run(collect(tasks, spec, episodes, 4, partial=PartialTable(store, key)))
+    assert sorted(ran) == [2, 3] and table.num_rows == 4
+    assert [k.rsplit("-", 1)[1] for k in partial_parts(store, key)][:2] == ["00000.parquet", "00002.parquet"]
+    assert all(int(k.rsplit("-", 1)[1][:5]) > 2 for k in partial_parts(store, key)[2:])
