@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: run check test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset bench-hybrid \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
-	bench-import bench-cluster bench-levers bench-ceiling bench-grading bench-seeded base chaos
+	bench-import bench-cluster bench-levers bench-ceiling bench-grading bench-seeded bench-startup base chaos
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -25,8 +25,9 @@ base: setup
 check: venv
 	$(PY) -m flows.check $(ARGS)
 
+# The suite's 15 slowest tests are printed at its end (.ci/run adds the total, set-up included).
 test: setup
-	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 setup: venv vllm-venv system
 
@@ -119,6 +120,11 @@ bench-seeded: setup
 # One checkpoint's evaluation by procedure, full vs early stop (ARGS="[--checkpoint DIR] [--repeats 3]").
 bench-eval: setup
 	$(PY) tests/bench/bench_eval.py $(ARGS)
+
+# A warm `make run` from the command to its first rollout, by phase, against a revision (ARGS="--before REV");
+# ARGS="--parts": imports, Prefect's API, vLLM and the trainer each alone.
+bench-startup: setup
+	$(PY) tests/bench/bench_startup.py $(ARGS)
 
 # In-process vs a local two-node Ray cluster: episodes/min, gradings/min, Ray start-up and memory.
 bench-cluster: setup

@@ -152,11 +152,16 @@ def main(argv: list[str] | None = None) -> int:
 
         image.start_rootfs_build()
     resume = f"rerun with --run-id {run_id} to resume it (make run ARGS=\"--run-id {run_id} ...\")"
+    servers = []
     try:
+        from flows.runtime import launch_early
+
+        servers = launch_early(cfg, run_id)  # vLLM loads while Prefect's API starts and prepare runs
         start_prefect_api()
         from flows.train import train
 
-        summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=run_id)
+        summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=run_id,
+                        servers=servers)
     except PermanentError as e:  # a rerun meets it again: no traceback, no resume hint
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -173,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"error: the run failed; {resume}", file=sys.stderr)
         return 3
+    finally:
+        from flows.runtime import STOP_GRACE_S
+
+        for server in servers:  # the run stops the servers it adopted; these are what it never reached
+            server.stop(timeout=STOP_GRACE_S)
     print_summary(summary)
     if args.json:
         print(json.dumps(summary, indent=1))

@@ -107,6 +107,7 @@ def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_
     ctx, _ = prepare_run_context(preset, overrides, run_id, dataset_only=True)
     cfg, store = ctx.cfg, ctx.store
     start, search, started = max(1, cfg.eval.start_step), cfg.eval.offline_search, False
+    servers = launch_on_base(ctx)  # it loads while training makes the first checkpoint
     # Verdicts already committed (a resumed evaluation does not redo them).
     passed = {r["step"]: passes(r["pass_at_k"], cfg.eval.target) for r in evaluated_rows(store, run_id, start)}
     evaluated = []
@@ -129,8 +130,8 @@ def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_
             if not local.exists():
                 store.get_dir(checkpoint_key(run_id, step), local)
             if not started:
-                ctx.start_policy(local, version=step, trainer=False)
-                started = True
+                ctx.start_policy(local, version=step, trainer=False, servers=servers)
+                started, servers = True, []
             else:
                 ctx.loop.call(ctx.client.reload_weights(local, step))
             t0 = time.time()
@@ -140,8 +141,28 @@ def offline_evaluation(preset: str = "mini", overrides: dict | None = None, run_
                               "eval_seconds": row["eval_seconds"], "num_samples": row["num_samples"],
                               "started_unix": t0, "weight_update_end_unix": rec.get("weight_update_end_unix")})
     finally:
+        for server in servers:  # launched, never adopted
+            server.stop()
         ctx.close()
     return {"outcome": done, "evaluated": evaluated}
+
+
+def launch_on_base(ctx) -> list:
+    """The evaluator's own vLLM server, launched at once on the run's base checkpoint (as its manifest
+    records it): the first checkpoint's weights are loaded into it when that lands, so the server's
+    start-up runs while training makes it instead of after."""
+    from flows.prepare import _local_model
+    from tasks.inference import VLLMServer
+
+    inf, manifest = ctx.cfg.inference, ctx.store.read_manifest(ctx.run_id)
+    base = (manifest.prepared or {}).get("base_model") if manifest is not None else None
+    if inf.mode != "managed" or inf.num_servers != 1 or not base:
+        return []
+    (ctx.workdir / "logs").mkdir(parents=True, exist_ok=True)
+    server = VLLMServer(_local_model(ctx.cfg, ctx.store, base), inf, log_dir=ctx.workdir / "logs").launch()
+    log(f"offline evaluation: vLLM server launched at {server.base_url} on the base, loading while training "
+        "makes the first checkpoint")
+    return [server]
 
 
 def main(argv: list[str] | None = None) -> int:

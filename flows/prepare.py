@@ -31,7 +31,8 @@ import pyarrow as pa
 from prefect import flow, task
 from prefect.cache_policies import NONE
 
-from flows.runtime import EventLoopThread, Progress, RunContext, config_json, load_tasks, log, work_root
+from flows.runtime import (EventLoopThread, Progress, RunContext, config_json, load_tasks, log, shipped_base_dir,
+                           work_root)
 from schemas.config import RunConfig
 from schemas.presets import load_config, load_recipe
 from schemas.recipe import STORE_VERSION, Demonstrations, SFTStage, WarmStartRecipe, stages
@@ -47,7 +48,6 @@ from tasks.sandbox import image
 from tasks.storage import Store, check_run_id
 
 TOKENIZER_CORPUS_VERSION = 4
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _digest(*parts) -> str:
@@ -317,9 +317,7 @@ def shipped_base(cfg: RunConfig) -> tuple[pathlib.Path, dict | None]:
     checked before anything starts: every file the manifest lists, with its sha256, and the dataset config."""
     from tasks.policy.model import resolve_model_dir
 
-    path = cfg.model.path
-    if "://" not in path and not pathlib.Path(path).is_absolute() and not pathlib.Path(path).exists():
-        path = str(REPO / path)  # presets name the shipped base relative to the repository
+    path = cfg.model.path if "://" in cfg.model.path else str(shipped_base_dir(cfg.model.path))
     model_dir = resolve_model_dir(path) if "://" in path else pathlib.Path(path)  # a URI: a local copy first
     manifest = read_manifest(model_dir) if model_dir.is_dir() else None
     if manifest is not None:

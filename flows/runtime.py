@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from schemas.config import RunConfig
 from tasks.storage import Store
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 # A stopped run's servers get this long to shut down before they are killed: what they hold is
 # not needed (their clients are closed first).
 STOP_GRACE_S = 3.0
@@ -134,8 +135,11 @@ class RunContext:
     def split_ids(self, split: str) -> list[str]:
         return sorted(i for i, t in self.tasks.items() if t["split"] == split)
 
-    def start_policy(self, model_dir: pathlib.Path, version: int, trainer: bool = True) -> None:
-        """Serve `model_dir` with vLLM (or use external servers) and, for training, start the trainer."""
+    def start_policy(self, model_dir: pathlib.Path, version: int, trainer: bool = True,
+                     servers: list | None = None) -> None:
+        """Serve `model_dir` with vLLM (`servers` launched earlier by `launch_early`, or new ones, or the
+        external servers) and, for training, launch the trainer: it loads while the servers do and while
+        the first rollouts run, and its first update waits for it."""
         from tasks.inference import PolicyClient, VLLMServer
         from tasks.policy.tokenizer import IM_END
 
@@ -150,13 +154,21 @@ class RunContext:
         if self.cfg.inference.mode == "external":
             urls = list(self.cfg.inference.base_urls)
         else:
-            t0 = time.monotonic()
-            n = self.cfg.inference.num_servers
-            log(f"starting {n} vLLM server{'s' if n > 1 else ''} for policy v{version} (about a minute each on CPU)")
-            self.servers = []
+            t0, n = time.monotonic(), self.cfg.inference.num_servers
+            self.servers = list(servers or [])
+            if self.servers:
+                log(f"vLLM for policy v{version}: using the server launched at the start "
+                    f"({', '.join(s.base_url for s in self.servers)})")
+            else:
+                log(f"starting {n} vLLM server{'s' if n > 1 else ''} for policy v{version} (about a minute each on CPU)")
             try:
+                if not self.servers:
+                    self.servers.append(VLLMServer(model_dir, self.cfg.inference, log_dir=self.workdir / "logs").launch())
+                if trainer:
+                    self._launch_trainer(model_dir)
+                self.servers[0].wait_ready()
                 # One after another: on CPU their start-ups compete for the same cores.
-                for _ in range(n):
+                for _ in range(n - len(self.servers)):
                     self.servers.append(VLLMServer(model_dir, self.cfg.inference, log_dir=self.workdir / "logs").start())
             except BaseException:
                 self._stop_servers()
@@ -164,21 +176,27 @@ class RunContext:
             self.server = self.servers[0]
             urls = [s.base_url for s in self.servers]
             log(f"vLLM serving policy v{version} at {', '.join(urls)} "
-                f"(started in {time.monotonic() - t0:.0f} s, logs {', '.join(str(s.log_path) for s in self.servers)})")
+                f"(ready {time.monotonic() - t0:.0f} s after this run asked, logs "
+                f"{', '.join(str(s.log_path) for s in self.servers)})")
+        if trainer and self.trainer is None:
+            self._launch_trainer(model_dir)
         self.client = PolicyClient(urls, stop_token_ids=[self.tokenizer.convert_tokens_to_ids(IM_END)],
                                    version=version)
-        if self.cfg.inference.mode == "external":
-            # Shared servers may hold anyone's weights: load ours (they must be able to read model_dir).
+        served = {s.model_dir for s in self.servers}
+        if self.cfg.inference.mode == "external" or served != {pathlib.Path(model_dir).resolve()}:
+            # Shared servers may hold anyone's weights, and early ones the base a resumed run moved past:
+            # load ours (they must be able to read model_dir).
             self.loop.call(self.client.reload_weights(model_dir, version))
         elif self.cfg.cluster.address:
             # Episodes on other nodes stamp turns with the servers' own version: tell them which it is.
             self.loop.call(self.client.record_version(version))
-        if trainer:
-            from tasks.policy.worker import TrainerWorker
 
-            self.trainer = TrainerWorker(model_dir, self.cfg, num_ranks=self.cfg.optimizer.num_ranks,
-                                         precision=self.cfg.optimizer.precision,
-                                         log_path=self.workdir / "logs" / "trainer.log").start()
+    def _launch_trainer(self, model_dir: pathlib.Path) -> None:
+        from tasks.policy.worker import TrainerWorker
+
+        self.trainer = TrainerWorker(model_dir, self.cfg, num_ranks=self.cfg.optimizer.num_ranks,
+                                     precision=self.cfg.optimizer.precision,
+                                     log_path=self.workdir / "logs" / "trainer.log").launch()
 
     def _stop_servers(self, timeout: float = 30.0) -> None:
         for server in self.servers or ([self.server] if self.server is not None else []):
@@ -211,6 +229,32 @@ class RunContext:
         if self.loop is not None:
             self.loop.close()
             self.loop = None
+
+
+def shipped_base_dir(path: str) -> pathlib.Path:
+    """A local model.path as a directory: presets name the shipped base relative to the repository."""
+    if not pathlib.Path(path).is_absolute() and not pathlib.Path(path).exists():
+        return REPO / path
+    return pathlib.Path(path)
+
+
+def launch_early(cfg: RunConfig, run_id: str) -> list:
+    """`make run`'s vLLM server, launched in the run's first seconds so that it loads while Prefect's API
+    starts and prepare checks the dataset and the base: it serves the shipped base (a resumed run loads
+    its checkpoint into it), and `RunContext.start_policy` adopts it. None (an empty list) where there is
+    no local base before prepare, the servers are external or several, or the run has finished."""
+    from tasks.inference import VLLMServer
+
+    inf, path = cfg.inference, cfg.model.path
+    if inf.mode != "managed" or inf.num_servers != 1 or not path or "://" in path:
+        return []
+    manifest = Store.from_config(cfg.storage).read_manifest(run_id)
+    if manifest is not None and manifest.status in ("succeeded", "target_not_reached"):
+        return []  # a rerun of a finished run only prints its summary
+    server = VLLMServer(shipped_base_dir(path), inf, log_dir=work_root() / run_id / "logs").launch()
+    print(f"vLLM server launched at {server.base_url}, loading {server.model_dir.name} while the run prepares "
+          f"(log {server.log_path})", flush=True)
+    return [server]
 
 
 def load_tasks(store: Store, tasks_key: str) -> dict[str, dict]:

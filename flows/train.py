@@ -53,8 +53,10 @@ FINISHED = ("succeeded", "target_not_reached")
 
 
 @flow(name="train", validate_parameters=False)
-def train(preset: str = "mini", overrides: dict | None = None, run_id: str | None = None) -> dict:
-    """Train with GRPO until pass@k on the validation split reaches the target (or max_steps)."""
+def train(preset: str = "mini", overrides: dict | None = None, run_id: str | None = None,
+          servers: list | None = None) -> dict:
+    """Train with GRPO until pass@k on the validation split reaches the target (or max_steps). `servers`:
+    vLLM servers launched before the flow (flows.runtime.launch_early), which the run adopts."""
     run_id = run_id or f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     ctx, prepared = prepare_run_context(preset, overrides, run_id)
     manifest, resumed = open_manifest(ctx, preset, prepared)
@@ -66,7 +68,7 @@ def train(preset: str = "mini", overrides: dict | None = None, run_id: str | Non
     mllog = StoredRunLog(ctx, resumed)
     evaluator = None
     try:
-        base_row = start_run(ctx, prepared, mllog, start_step, resumed)
+        base_row = start_run(ctx, prepared, mllog, start_step, resumed, servers)
         if ctx.cfg.eval.mode == "offline":
             finished = training_done(ctx.store, run_id)
             if finished is None and ctx.cfg.eval.offline_order == "concurrent":
@@ -155,14 +157,15 @@ class StoredRunLog(RunLog):
 # ---------------------------------------------------------------------------- init and the steps
 
 
-def start_run(ctx: RunContext, prepared: dict, mllog: StoredRunLog, start_step: int, resumed: bool) -> dict:
+def start_run(ctx: RunContext, prepared: dict, mllog: StoredRunLog, start_step: int, resumed: bool,
+              servers: list | None = None) -> dict:
     """Init (untimed, logged once per run): the policy served and trained from where the run
     stands, the base checkpoint evaluated; then run_start. Returns the base evaluation's row."""
     if not resumed:
         mllog.header(ctx.cfg)
     for d in deviations(ctx.cfg):
         log(f"note: {d}")
-    start_policy(ctx, prepared, start_step)
+    start_policy(ctx, prepared, start_step, servers)
     base_row = evaluate_base(ctx, prepared)
     if not resumed:
         mllog.end(C.INIT_STOP)
@@ -171,8 +174,9 @@ def start_run(ctx: RunContext, prepared: dict, mllog: StoredRunLog, start_step: 
     return base_row
 
 
-def start_policy(ctx: RunContext, prepared: dict, start_step: int) -> None:
-    """Serve and train the base model, or a resumed run's last committed checkpoint."""
+def start_policy(ctx: RunContext, prepared: dict, start_step: int, servers: list | None = None) -> None:
+    """Serve and train the base model, or a resumed run's last committed checkpoint (`servers`: launched
+    early, serving the base)."""
     policy_dir, version = pathlib.Path(prepared["base_model_dir"]), 0
     if start_step > 1:
         policy_dir = ctx.workdir / "policy" / f"step-{start_step - 1:05d}"
@@ -180,7 +184,7 @@ def start_policy(ctx: RunContext, prepared: dict, start_step: int) -> None:
             ctx.store.get_dir(checkpoint_key(ctx.run_id, start_step - 1), policy_dir)
         version = start_step - 1
         log(f"resuming run {ctx.run_id} at step {start_step} from checkpoint v{version}")
-    ctx.start_policy(policy_dir, version)
+    ctx.start_policy(policy_dir, version, servers=servers)
 
 
 def train_online(ctx: RunContext, mllog: StoredRunLog, start_step: int) -> bool:

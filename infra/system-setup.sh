@@ -9,8 +9,9 @@
 # the engine alone (bwrap-only machines).
 set -euo pipefail
 
-# chromium: the UI browser test; docker-compose: validating infra/compose.yaml
-PACKAGES=(docker.io bubblewrap debootstrap iptables git util-linux coreutils procps ca-certificates chromium docker-compose)
+# chromium: the UI browser test; docker-compose: validating infra/compose.yaml; curl: make ui's health checks
+PACKAGES=(docker.io bubblewrap debootstrap iptables git util-linux coreutils procps ca-certificates chromium docker-compose
+          curl)
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/rlvr-dockerd.log}
 WAIT_S=${DOCKERD_WAIT_S:-60}
 

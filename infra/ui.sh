@@ -47,11 +47,11 @@ start() {
   if alive server || alive worker; then echo "already running: $URL (make ui-stop first)"; return 0; fi
   setsid .venv/bin/prefect server start --host 127.0.0.1 --port "$PORT" >"$DIR/server.log" 2>&1 </dev/null &
   echo $! >"$DIR/server.pid"
-  for _ in $(seq 1 180); do
-    if $PY -c "import httpx,sys; sys.exit(httpx.get('$PREFECT_API_URL/health', timeout=2).status_code != 200)" \
-        2>/dev/null; then break; fi
+  # curl, not a Python process a poll: the server's start has the machine's cores to itself.
+  for _ in $(seq 1 360); do
+    curl -sf -m 2 "$PREFECT_API_URL/health" >/dev/null 2>&1 && break
     alive server || { echo "the Prefect server exited; see $DIR/server.log" >&2; tail -20 "$DIR/server.log" >&2; exit 1; }
-    sleep 1
+    sleep 0.5
   done
   printf '{"api_url": "%s", "prefect_home": "%s"}\n' "$PREFECT_API_URL" "$PREFECT_HOME" >"$DIR/server.json"
   local args=(--pool "$POOL")
@@ -66,11 +66,11 @@ start() {
   ( trap - INT; exec setsid .venv/bin/prefect worker start --pool "$POOL" --type process \
       --limit "${RLVR_UI_LIMIT:-1}" ) >"$DIR/worker.log" 2>&1 </dev/null &
   echo $! >"$DIR/worker.pid"
-  for _ in $(seq 1 120); do
+  for _ in $(seq 1 240); do
     grep -q "started!" "$DIR/worker.log" 2>/dev/null && break
     alive worker || { echo "the worker for pool $POOL exited; see $DIR/worker.log" >&2; tail -20 "$DIR/worker.log" >&2
                       stop; exit 1; }
-    sleep 1
+    sleep 0.5
   done
   cat <<MSG
 
@@ -96,15 +96,15 @@ stop() {
     local w runs; w=$(cat "$DIR/worker.pid")
     runs=$(ps -o pid= --ppid "$w" | tr '\n' ' ' || true)
     kill -TERM -- "-$w" $runs 2>/dev/null || true
-    for _ in $(seq 1 30); do alive worker || break; sleep 1; done
+    for _ in $(seq 1 150); do alive worker || break; sleep 0.2; done
     # A second interrupt is the worker's own hard stop (it SIGKILLs itself): for a run that would not end.
     if alive worker; then kill -TERM "$w" 2>/dev/null || true; sleep 2; fi
   fi
   if alive server; then
     kill -INT -- "-$(cat "$DIR/server.pid")" 2>/dev/null || true
-    for _ in $(seq 1 30); do alive server || break; sleep 1; done
+    for _ in $(seq 1 150); do alive server || break; sleep 0.2; done
   fi
-  sleep 1
+  sleep 0.5
   local left=""
   for p in $pids; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
   if [ -n "$left" ]; then echo "killing what did not stop:$left"; kill -KILL $left 2>/dev/null || true; fi

@@ -28,13 +28,34 @@ pytest_plugins = sorted(
 )
 
 
+# Session fixtures that hold servers or clusters (memory, and CPU the tests after them need): each is
+# torn down right after the last collected test that uses it, not at the session's end.
+RELEASED_AFTER_LAST_READER = ("prefect_ui", "ray_cluster", "vllm_server", "smoke_server")
+_RELEASE = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: the tests that will really run
 def pytest_collection_modifyitems(config, items):
+    last = {name: item for item in items for name in RELEASED_AFTER_LAST_READER if name in item.fixturenames}
+    for name, item in last.items():
+        item.stash.setdefault(_RELEASE, []).append(name)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    try:
+        return (yield)
+    finally:
+        for name in item.stash.get(_RELEASE, []):
+            # FixtureDef.finish: the same teardown the session's end would run (its dependents first);
+            # the session's own later call finds it finished.
+            item._fixtureinfo.name2fixturedefs[name][-1].finish(item._request)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -3,9 +3,9 @@ two vLLM CPU servers, and the two faults: a node lost mid-stage, a server killed
 
 The end-to-end tests run the smoke preset through `python -m flows.main` with cluster.address set and
 the servers as external base URLs, and read the committed tables: every rollout id exactly once per
-step, the Ray node and the server of every row. The node-loss run is one step on one server; the
-end-to-end run has two steps on both servers and kills the second server mid step 1 (the fixture's
-server is then gone: it is the module's last user).
+step, the Ray node and the server of every row. One run has both faults: two steps on both servers, the
+second server killed mid step 1 and the worker node mid step 2 (both are then gone: it is the last
+reader of the cluster and of the second server).
 """
 
 from __future__ import annotations
@@ -176,17 +176,22 @@ def _overrides(ray_cluster, servers, **extra) -> dict:
 
 
 @pytest.mark.slow
-def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, smoke_server, tmp_path):
+def test_smoke_run_on_two_nodes_and_two_servers_survives_a_server_and_a_node_lost(
+        ray_cluster, smoke_server, second_server, tmp_path):
+    """Both faults in one run: the second server killed mid step 1, the worker node killed mid step 2's
+    rollouts (while one of its episodes runs)."""
     import re
 
     from tasks.rollout import rollout_id
 
-    run_id = f"test-cluster-nodeloss-{int(time.time())}"
-    overrides = _overrides(ray_cluster, [smoke_server], max_steps=1)
+    run_id = f"test-cluster-{int(time.time())}"
+    overrides = _overrides(ray_cluster, [smoke_server, second_server])
     nodes = ray_cluster.node_ids()
 
-    def kill_the_worker_node(log, proc):
-        _wait_for(log, "step 1 trajectories: start", proc)
+    def kill_a_server_then_a_node(log, proc):
+        _wait_for(log, "step 1 trajectories: 4/", proc)  # requests in flight on both servers
+        os.killpg(second_server.pid, signal.SIGKILL)
+        _wait_for(log, "step 2 trajectories: start", proc)
         deadline = time.monotonic() + 300
         # An episode is running on the worker node: its runner has started a sandbox (a child process).
         while not [c for pid in ray_cluster.worker_task_pids("EpisodeRunner") for c in ray_cluster.children(pid)]:
@@ -194,46 +199,28 @@ def test_node_lost_mid_rollouts_its_episodes_are_redone_elsewhere(ray_cluster, s
             time.sleep(0.02)
         ray_cluster.kill_worker()
 
-    try:
-        log = _run(run_id, overrides, tmp_path, during=kill_the_worker_node)
-    finally:
-        ray_cluster.add_worker()  # the next test gets its two nodes back
-    cfg, store, steps = _tables(run_id, overrides)
-    traj1, rew1 = steps[1]
-    # The driver names each episode of the stage it had in flight on the lost node; each ran again on
-    # the head, and its row is there once (_tables), with no error. (Later stages may still try the
-    # node until Ray marks it dead, and are redone the same way.)
-    stage = log[log.index("step 1 trajectories: start"):log.index("step 1 rewards: start")]
-    redone = {rollout_id(run_id, 1, instance, int(sample)) for instance, sample in re.findall(
-        rf"episode (\S+)/(\d+): its runner on node {nodes['worker'][:12]} is lost", stage)}
-    assert redone, f"no episode was in flight on the worker node when it died:\n{log[-4000:]}"
-    by_id = {r["rollout_id"]: r for r in traj1}
-    assert redone <= set(by_id) and {by_id[i]["node"] for i in redone} == {nodes["head"]}
-    assert not [r for t, w in steps.values() for r in t + w if (r["error"] or "").startswith(("ray:", "infra_error: ray:"))]
-    assert all(r["node"] != nodes["worker"] for r in rew1)
-
-
-@pytest.mark.slow
-def test_smoke_run_on_two_nodes_and_two_servers_survives_a_server_killed_mid_step(
-        ray_cluster, smoke_server, second_server, tmp_path):
-    run_id = f"test-cluster-{int(time.time())}"
-    overrides = _overrides(ray_cluster, [smoke_server, second_server])
-
-    def kill_the_second_server(log, proc):
-        _wait_for(log, "step 1 trajectories: 4/", proc)  # requests in flight on both servers
-        os.killpg(second_server.pid, signal.SIGKILL)
-
-    log = _run(run_id, overrides, tmp_path, during=kill_the_second_server)
+    log = _run(run_id, overrides, tmp_path, during=kill_a_server_then_a_node)
     assert f"on the Ray cluster at {ray_cluster.address}" in log
     cfg, store, steps = _tables(run_id, overrides)
+    assert cfg.max_steps == 2
     traj = [r for t, _ in steps.values() for r in t]
     rew = [r for _, w in steps.values() for r in w]
-    nodes = set(ray_cluster.node_ids().values())
-    assert {r["node"] for r in traj} == nodes and {r["node"] for r in rew} <= nodes
-    # Before the kill both servers generated; the failover and the weight sync left the dead one out.
+    assert {r["node"] for r in steps[1][0]} == set(nodes.values()) and {r["node"] for r in rew} <= set(nodes.values())
+    # The server: before the kill both generated; the failover and the weight sync left the dead one out.
     assert {u for r in steps[1][0] for u in r["servers"] or []} == {smoke_server.base_url, second_server.base_url}
-    assert {u for r in steps[cfg.max_steps][0] for u in r["servers"] or []} == {smoke_server.base_url}
+    assert {u for r in steps[2][0] for u in r["servers"] or []} == {smoke_server.base_url}
     assert not [r for r in traj if r["finish_reason"] == "infra_error"]
     # Synchronous or one step old (grpo.max_trajectory_age): the versions the servers reported.
     for step, (t, _) in steps.items():
         assert {r["policy_version"] for r in t} <= {step - 1, max(0, step - 2)}, step
+    # The node: the driver names each episode of the stage it had in flight on the lost node; each ran again
+    # on the head, and its row is there once (_tables), with no error. (Later stages may still try the
+    # node until Ray marks it dead, and are redone the same way.)
+    stage = log[log.index("step 2 trajectories: start"):log.index("step 2 rewards: start")]
+    redone = {rollout_id(run_id, 2, instance, int(sample)) for instance, sample in re.findall(
+        rf"episode (\S+)/(\d+): its runner on node {nodes['worker'][:12]} is lost", stage)}
+    assert redone, f"no episode was in flight on the worker node when it died:\n{log[-4000:]}"
+    by_id = {r["rollout_id"]: r for r in steps[2][0]}
+    assert redone <= set(by_id) and {by_id[i]["node"] for i in redone} == {nodes["head"]}
+    assert not [r for r in traj + rew if (r["error"] or "").startswith(("ray:", "infra_error: ray:"))]
+    assert all(r["node"] != nodes["worker"] for r in steps[2][1])

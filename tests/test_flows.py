@@ -1,8 +1,6 @@
 """The benchmark end to end: a real smoke run through Prefect, resume after SIGKILL, the MLPerf log."""
 
 import json
-import os
-import signal
 import subprocess
 import time
 
@@ -49,6 +47,24 @@ def test_smoke_train_end_to_end(smoke_train_run):
     assert "run summary" in smoke_train_run["log"] and "time to train" in smoke_train_run["log"]
 
 
+def test_the_server_launched_at_the_start_is_the_one_the_run_uses(smoke_train_run):
+    """make run's shape: the vLLM server launched in the run's first seconds (it loads while Prefect's API
+    starts and prepare runs) is adopted by the run; no other server is started, and it is gone after."""
+    import re
+
+    text = smoke_train_run["log"]
+    launched = re.search(r"vLLM server launched at (\S+), loading \S+ while the run prepares \(log (\S+)\)", text)
+    assert launched, text[-4000:]
+    assert text.index(launched[0]) < text.index("prepare: tasks table")  # before prepare's work, not after it
+    assert f"using the server launched at the start ({launched[1]})" in text
+    assert re.search(rf"vLLM serving policy v0 at {re.escape(launched[1])} ", text), text[-4000:]
+    assert "starting 1 vLLM server" not in text
+    logs = list((REPO / ".rlvr" / "work" / smoke_train_run["run_id"] / "logs").glob("vllm-*.log"))
+    assert [str(p) for p in logs] == [launched[2]]  # the one server of the run
+    port = launched[1].rsplit(":", 1)[1]
+    assert not subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True).stdout.split()
+
+
 def test_mlperf_log_of_a_real_run_passes_the_checker_except_the_target(smoke_train_run, tmp_path):
     log = tmp_path / "smoke.log"
     log.write_bytes(smoke_train_run["store"].get_bytes(f"runs/{smoke_train_run['run_id']}/mlperf.log"))
@@ -69,68 +85,36 @@ def test_rerun_of_a_finished_run_does_nothing(smoke_train_run, tmp_path):
     proc = subprocess.run(main_command(run_id, smoke_train_run["overrides"]), cwd=REPO, capture_output=True, text=True,
                           env=flow_env(tmp_path), timeout=600)
     assert "already finished" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "vLLM server launched" not in proc.stdout  # nothing to serve: no server loads
     assert {c.key: c.committed_at for c in store.commits(f"runs/{run_id}")} == before
 
 
-def _run_until(cmd, env, marker: str, timeout: float = 900) -> tuple[bool, str]:
-    """Start the train flow; SIGKILL it as soon as `marker` appears in its output.
-
-    The whole process group dies, as when a job is killed: the flow, its trainer worker and
-    Prefect's temporary API server (which would otherwise outlive the test)."""
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    seen, deadline = [], time.monotonic() + timeout
-    for line in proc.stdout:
-        seen.append(line)
-        if marker in line:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return True, "".join(seen)
-        if time.monotonic() > deadline:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    return False, "".join(seen)
-
-
 @pytest.mark.slow
-def test_resume_after_sigkill_mid_rollout_mid_update_mid_eval(smoke_server, smoke_train_run, tmp_path):
-    run_id = f"test-resume-{int(time.time())}"
-    overrides = smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [smoke_server.base_url],
-                                   "agent.partial_flush_s": 0, "grpo.async_rollouts": False,
-                                   "eval.max_tasks": 2})  # 8 evaluation episodes a step: enough to kill one mid-way
-    cmd, env = main_command(run_id, overrides), flow_env(tmp_path)
-    from tasks.storage import Store
-
-    store = Store(overrides["storage"]["root"])
-    history = []
-    for marker in ("step 1 trajectories: 4/8 episodes", "step 1 update: start", "step 2 eval_trajectories: 4/8"):
-        killed, out = _run_until(cmd, env, marker)
-        assert killed, f"never saw {marker!r}:\n{out[-4000:]}"
-        commits = {c.key: (c.committed_at, c.sha256) for c in store.commits(f"runs/{run_id}")}
-        history.append((marker, commits))
-    from tasks.rollout import read_partial
-
-    partial = read_partial(store, f"runs/{run_id}/step-00001/trajectories_partial.parquet")
-    assert len(partial) >= 4  # every episode finished before the first kill was committed
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=1200)
-    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-4000:]
+def test_resume_after_stops_mid_rollout_mid_update_mid_eval(interrupted_run, smoke_train_run):
+    """The session's interrupted run (tests/fixtures/interrupted_run.py): SIGINT and SIGKILL in step 1's
+    rollouts, SIGKILL at its update, SIGTERM in step 2's evaluation, then resumed to its end."""
+    store, run_id, stops = interrupted_run["store"], interrupted_run["run_id"], interrupted_run["stops"]
+    resume = interrupted_run["resume"]
+    assert resume["rc"] in (0, 1), resume["out"][-6000:]
+    partial = stops["SIGINT"]["partial"]
+    # every episode reported finished before the stop was committed by it
+    assert len(partial) >= stops["SIGINT"]["at"] > 0
 
     manifest = store.read_manifest(run_id)
     assert manifest.status in ("succeeded", "target_not_reached")
-    # each killed attempt's process is gone: the resume that read the manifest recorded them as killed
-    assert len(manifest.attempts) == 4 and [a.status for a in manifest.attempts[:3]] == ["killed"] * 3
-    assert manifest.attempts[1].resumed_at_step == 1 and manifest.attempts[3].resumed_at_step == 3
+    # each stopped or killed attempt is recorded as such by the attempt that read the manifest after it
+    assert [a.status for a in manifest.attempts[:4]] == ["stopped", "killed", "killed", "stopped"]
+    assert [a.resumed_at_step for a in manifest.attempts] == [0, 1, 1, 1, 3]
     final = {c.key: (c.committed_at, c.sha256) for c in store.commits(f"runs/{run_id}")}
-    for marker, commits in history:  # nothing committed before a kill was redone after it
-        for key, value in commits.items():
-            if "_partial" not in key:
-                assert final[key] == value, (marker, key)
-    # no trajectory lost: every episode that was flushed before the first kill is in the final table, unchanged
+    for name, stop in stops.items():  # nothing committed before a stop was redone after it
+        for c in stop["commits"]:
+            if "_partial" not in c.key:
+                assert final[c.key] == (c.committed_at, c.sha256), (name, c.key)
+    # no trajectory lost: every episode committed by the first stop is in the final table, unchanged
     traj = {r["rollout_id"]: r for r in store.read_stage(run_id, 1, "trajectories").to_pylist()}
     for row in partial.values():
         assert traj[row["rollout_id"]]["token_ids"] == row["token_ids"]
-    # Seeded sampling: this run, killed and resumed mid-rollout, sampled the session smoke run's step 1 token
+    # Seeded sampling: this run, stopped and resumed mid-rollout, sampled the session smoke run's step 1 token
     # for token (the same base, run seed and batch; request seeds leave out the run id).
     other = {(r["instance_id"], r["sample_index"]): r["token_ids"]
              for r in store.read_stage(smoke_train_run["run_id"], 1, "trajectories").to_pylist()}

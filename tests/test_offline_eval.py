@@ -4,6 +4,7 @@ checkpoint's weight update, resume during evaluation, and the early-stop pass@k.
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -227,6 +228,10 @@ def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smok
     proc = _run(run_id, overrides, flow_env(tmp_path))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "offline evaluator started" in proc.stdout and "checkpoint 1 passed" in proc.stdout
+    # Its server was launched on the base at once and is the one that evaluated checkpoint 1.
+    evaluator_log = (REPO / ".rlvr" / "work" / run_id / "logs" / "offline-eval.log").read_text(errors="replace")
+    launched = re.search(r"vLLM server launched at (\S+) on the base", evaluator_log)
+    assert launched and f"using the server launched at the start ({launched[1]})" in evaluator_log, evaluator_log[-3000:]
     store = Store(overrides["storage"]["root"])
     done = store.get_json(f"runs/{run_id}/training_done.json")
     assert done["stopped_by"] == "a passing checkpoint" and done["last_step"] < 30  # training stopped early
@@ -268,35 +273,34 @@ def test_sigkill_during_offline_evaluation_resumes_without_redoing_or_moving_the
 
 
 @pytest.mark.slow
-def test_between_steps_evaluates_each_checkpoint_on_the_training_server_and_resumes_its_verdict(smoke_server,
+def test_between_steps_evaluates_each_checkpoint_on_the_training_server_and_resumes_its_verdict(interrupted_run,
                                                                                                 tmp_path):
     """The mini's order: training waits while its own server evaluates the checkpoint it has just
-    synced; a pass stops training there. Killed mid-evaluation, the rerun finishes that evaluation
-    (not redoing what committed) before it would train on."""
-    from tasks.storage import Store
-
-    run_id = f"test-between-{int(time.time())}"
-    overrides = _offline(smoke_server.base_url, **{"eval.target": -1.0, "eval.offline_order": "between_steps",
-                                                   "max_steps": 3})
-    env, cmd = flow_env(tmp_path), main_command(run_id, overrides)
-    store = Store(overrides["storage"]["root"])
-    _kill_at(cmd, env, "step 1 evaluation: start")
-    assert not store.stage_committed(run_id, 1, "eval_summary")
-    assert not store.exists(f"runs/{run_id}/checkpoints/step-00002.commit")
-    again = _run(run_id, overrides, env)
-    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
-    assert "offline evaluator started" not in again.stdout  # no server of its own
-    assert "step 2/3" not in again.stdout  # the verdict came before any further step
+    synced; a pass stops training there. Stopped mid-evaluation (the session's interrupted run: SIGTERM
+    in step 2's evaluation), the rerun finishes that evaluation (not redoing what committed) before it
+    would train on."""
+    store, run_id = interrupted_run["store"], interrupted_run["run_id"]
+    stop = interrupted_run["stops"]["SIGTERM"]
+    committed = {c.key for c in stop["commits"]}
+    assert f"runs/{run_id}/checkpoints/step-00002.commit" in committed  # stopped after the sync, in the evaluation
+    assert f"runs/{run_id}/step-00002/eval_summary.parquet" not in committed
+    assert f"runs/{run_id}/checkpoints/step-00003.commit" not in committed
+    again = interrupted_run["resume"]
+    assert again["rc"] == 0, again["out"][-6000:]
+    assert "offline evaluator started" not in again["out"]  # no server of its own
+    assert "step 3/3" not in again["out"]  # the verdict came before any further step
+    assert not store.stage_committed(run_id, 1, "eval_summary")  # from eval.start_step (2) on
     done = store.get_json(f"runs/{run_id}/training_done.json")
-    assert done == {**done, "last_step": 1, "stopped_by": "a passing checkpoint"}
+    assert done == {**done, "last_step": 2, "stopped_by": "a passing checkpoint"}
     result = store.get_json(f"runs/{run_id}/offline_eval.json")
-    assert result["passed_step"] == 1 and result["order"] == "between_steps"
-    first = store.get_json(f"runs/{run_id}/checkpoints/step-00001.commit")
+    assert result["passed_step"] == 2 and result["order"] == "between_steps"
+    second = store.get_json(f"runs/{run_id}/checkpoints/step-00002.commit")
     events = _log_events(store, run_id)
     keys = [e["key"] for e in events]
     assert keys.count("run_start") == 1 and keys.count("eval_accuracy") == 1 and keys[-1] == "run_stop"
-    assert keys.index("block_stop") < keys.index("eval_start")  # logged as it happened, after step 1
+    last_block = max(i for i, k in enumerate(keys) if k == "block_stop")
+    assert last_block < keys.index("eval_start")  # logged as it happened, after step 2
     stop = events[-1]
-    assert stop["metadata"]["status"] == "success" and stop["time_ms"] == int(1000 * first["weight_update_end_unix"])
-    assert "between steps while training waited" in again.stdout  # the summary says which order ran
+    assert stop["metadata"]["status"] == "success" and stop["time_ms"] == int(1000 * second["weight_update_end_unix"])
+    assert "between steps while training waited" in again["out"]  # the summary says which order ran
     _assert_checker_passes_but_for_the_target(store, run_id, tmp_path)

@@ -170,30 +170,41 @@ def test_startup_failure_and_timeout_are_bounded(tmp_path):
     assert w.proc.returncode is not None and w.pids() == []
 
 
-@pytest.mark.slow  # a torchrun worker and the 1-rank reference: ~1 min on 2 busy cores
-def test_two_ranks_match_one_rank_and_leave_no_processes(tmp_path):
+@pytest.mark.slow  # a torchrun worker and the 1-rank references: ~1 min on 2 busy cores
+def test_two_ranks_match_one_rank_abort_together_and_leave_no_processes(tmp_path):
+    """The one two-rank (FSDP2, gloo) launch of the suite: it resumes a checkpoint's AdamW state, matches one
+    rank over two updates, aborts on both ranks at once on a non-finite loss naming the micro-batch and
+    goes on, and leaves no process after a Ctrl-C."""
     # 64-token micro-batches: one rank packs 2 micro-batches, each of two ranks 1 (different padding).
     cfg = run_config(lr=1e-3, micro_batch_tokens=64)
     v0 = make_policy_dir(tmp_path / "v0")
     t1, a1 = step_files(tmp_path, v0, cfg, 1)
-    one1 = grpo_step(v0, pq.read_table(t1), pq.read_table(a1), cfg, tmp_path / "one1")
-    poisoned = step_files(tmp_path, tmp_path / "one1", cfg, 2, poison=True)
-    t2, a2 = step_files(tmp_path, tmp_path / "one1", cfg, 2)
-    one2 = grpo_step(tmp_path / "one1", pq.read_table(t2), pq.read_table(a2), cfg, tmp_path / "one2")
-    worker = TrainerWorker(v0, cfg, num_ranks=2, log_path=tmp_path / "worker.log")
+    grpo_step(v0, pq.read_table(t1), pq.read_table(a1), cfg, tmp_path / "v1")  # v1 carries AdamW state
+    t2, a2 = step_files(tmp_path, tmp_path / "v1", cfg, 2)
+    one2 = grpo_step(tmp_path / "v1", pq.read_table(t2), pq.read_table(a2), cfg, tmp_path / "one2")
+    poisoned = step_files(tmp_path, tmp_path / "one2", cfg, 3, poison=True)
+    t3, a3 = step_files(tmp_path, tmp_path / "one2", cfg, 3)
+    one3 = grpo_step(tmp_path / "one2", pq.read_table(t3), pq.read_table(a3), cfg, tmp_path / "one3")
+    worker = TrainerWorker(tmp_path / "v1", cfg, num_ranks=2, log_path=tmp_path / "worker.log")
     with pytest.raises(KeyboardInterrupt):
         with worker:
             pids = worker.pids()
             assert len(pids) == 3  # torchrun and its 2 ranks
-            got1 = worker.train_step(t1, a1, tmp_path / "two1", save_optimizer=False)
-            with pytest.raises(UpdateAborted, match=r"non-finite loss"):  # both ranks abort, both go on
+            got2 = worker.train_step(t2, a2, tmp_path / "two2", save_optimizer=False)
+            # both ranks abort, both go on; the message names the micro-batch's rollouts on every rank
+            with pytest.raises(UpdateAborted, match=r"non-finite loss in micro-batch \d of \d .*g0-s3-7"):
                 worker.train_step(*poisoned, tmp_path / "bad", optimizer_steps=2)
-            got2 = worker.train_step(t2, a2, tmp_path / "two2")
+            got3 = worker.train_step(t3, a3, tmp_path / "two3")
             raise KeyboardInterrupt  # Ctrl-C in the flow: the worker tree is killed, not waited for
     assert not any(alive(p) for p in pids)
-    for got, ref in ((got1, one1), (got2, one2)):
-        assert got["world_size"] == 2 and got["tokens"] == ref["tokens"]
-        for k in ("loss", "grad_norm", "approx_entropy", "sampling_importance_ratio"):
+    assert got2["optimizer_resumed"] and got2["policy_version"] == 2
+    for got, ref in ((got2, one2), (got3, one3)):
+        assert got["world_size"] == 2 and got["tokens"] == ref["tokens"] and got["valid_tokens"] == ref["valid_tokens"]
+        for k in ("loss", "grad_norm", "approx_entropy", "gen_kl_error", "sampling_importance_ratio"):
             assert got[k] == pytest.approx(ref[k], rel=1e-4, abs=1e-6), k
-    assert_same_checkpoint(tmp_path / "one2", tmp_path / "two2", exact=False)
+    w2, w1 = load_file(str(tmp_path / "two2" / "model.safetensors")), load_file(str(tmp_path / "v1" / "model.safetensors"))
+    r2 = load_file(str(tmp_path / "one2" / "model.safetensors"))
+    assert all((w2[k] - r2[k]).abs().max() < 1e-5 for k in r2)  # 1% of one step (lr 1e-3)
+    assert max((r2[k] - w1[k]).abs().max() for k in r2) > 5e-4  # the weights moved by about lr
+    assert_same_checkpoint(tmp_path / "one3", tmp_path / "two3", exact=False)  # weights and AdamW state
     assert not (tmp_path / "bad").exists()

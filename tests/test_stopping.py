@@ -1,123 +1,60 @@
 """Stopping a run: SIGINT and SIGTERM stop it within seconds with the manifest saying so, an attempt
 killed outright reads `killed`, and an error a rerun cannot fix is one line and exit 2.
 
-The stopping cases are one real smoke run (the session's shared vLLM server) stopped three times:
-SIGINT mid-rollouts, resumed and SIGTERM to its process group mid-rollouts, resumed and SIGKILL."""
+The stopping cases read the session's interrupted run (tests/fixtures/interrupted_run.py): SIGINT to its
+process group in step 1's rollouts, SIGKILL in the resumed rollouts and at the update, SIGTERM to the
+group in step 2's evaluation."""
 
-import os
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 
-from tests.fixtures.smoke import REPO, flow_env, main_command, smoke_overrides
+from tests.fixtures.smoke import REPO, flow_env, main_command
 
 STOP_S = 15.0  # "within a few seconds", with room for a busy 2-core machine
-# Training or evaluation episodes, both the same rollout stage: a resumed attempt may have only a few
-# training episodes left, which can all finish between two progress lines.
-MID_ROLLOUTS = re.compile(r"step (\d+) (?:eval_)?trajectories: (\d+)/(\d+) episodes")
 
 
-def _stop_mid_rollouts(cmd, env, sig: int, timeout: float = 1200) -> dict:
-    """Start the flow in a process group of its own; at the first rollout progress line with
-    episodes still to go, send `sig` to the group. Returns the exit code, the seconds from the
-    signal to the exit, the output and the signal's wall time."""
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    seen, deadline, sent = [], time.monotonic() + timeout, None
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            m = MID_ROLLOUTS.search(line)
-            if m and int(m[2]) < int(m[3]):
-                sent, t0 = time.time(), time.monotonic()
-                os.killpg(proc.pid, sig)
-                break
-            if time.monotonic() > deadline:
-                break
-        assert sent is not None, f"never saw rollouts in progress:\n{''.join(seen)[-4000:]}"
-        if sig == signal.SIGKILL:
-            proc.wait()
-        else:
-            proc.wait(timeout=300)
-        took = time.monotonic() - t0
-        seen.append(proc.stdout.read())
-        return {"rc": proc.returncode, "seconds": took, "out": "".join(seen), "sent_at": sent, "pgid": proc.pid}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _group_gone(pgid: int, within: float = 15.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.5)
-    return False
-
-
-@pytest.fixture(scope="module")
-def stopped_run(smoke_server, tmp_path_factory):
-    from tasks.storage import Store
-
-    run_id = f"test-stop-{int(time.time())}"
-    overrides = smoke_overrides(**{"inference.mode": "external", "inference.base_urls": [smoke_server.base_url],
-                                   "agent.partial_flush_s": 0, "grpo.async_rollouts": False})
-    cmd, env = main_command(run_id, overrides), flow_env(tmp_path_factory.mktemp("prefect-home"))
-    store = Store(overrides["storage"]["root"])
-    stops = {}
-    for name, sig in (("SIGINT", signal.SIGINT), ("SIGTERM", signal.SIGTERM), ("SIGKILL", signal.SIGKILL)):
-        stops[name] = _stop_mid_rollouts(cmd, env, sig)
-        stops[name]["group_gone"] = _group_gone(stops[name]["pgid"])
-        stops[name]["commits"] = store.commits(f"runs/{run_id}")
-        print(f"{name} to the process group mid-rollouts: exit {stops[name]['rc']} "
-              f"{stops[name]['seconds']:.1f} s after the signal")
-    return {"run_id": run_id, "store": store, "stops": stops}
-
-
-def _check_stopped(stopped_run, name: str, index: int):
-    stop = stopped_run["stops"][name]
+def _check_stopped(interrupted_run, name: str, index: int):
+    stop = interrupted_run["stops"][name]
     assert stop["rc"] == 128 + signal.Signals[name].value, stop["out"][-4000:]
     assert stop["seconds"] < STOP_S, f"{name}: {stop['seconds']:.1f} s to stop\n{stop['out'][-4000:]}"
     assert f"stopped by {name}" in stop["out"] and "Traceback" not in stop["out"], stop["out"][-4000:]
     assert stop["group_gone"], "processes of the stopped run's group are still alive"
-    store, run_id = stopped_run["store"], stopped_run["run_id"]
+    store = interrupted_run["store"]
     # Nothing committed after the stop had begun, and every commit reads back whole (length + sha256).
     late = [c.key for c in stop["commits"] if c.committed_at > stop["sent_at"] + 1.0]
     assert not late, f"committed after {name}: {late}"
     for c in stop["commits"]:
         store.read_table(c.key, stage=c.stage)
-    attempt = store.read_manifest(run_id).attempts[index]
+    attempt = stop["manifest"].attempts[index]
     assert (attempt.status, attempt.reason) == ("stopped", f"stopped: {name}")
     assert attempt.ended_at is not None and attempt.ended_at - stop["sent_at"] < STOP_S
 
 
 @pytest.mark.slow
-def test_sigint_mid_rollouts_stops_within_seconds(stopped_run):
-    _check_stopped(stopped_run, "SIGINT", 0)
+def test_sigint_mid_rollouts_stops_within_seconds(interrupted_run):
+    assert interrupted_run["stops"]["SIGINT"]["at"] is not None  # sent while step 1's episodes were running
+    _check_stopped(interrupted_run, "SIGINT", 0)
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_process_group_stops_within_seconds(stopped_run):
-    _check_stopped(stopped_run, "SIGTERM", 1)
+def test_sigterm_to_the_process_group_mid_evaluation_stops_within_seconds(interrupted_run):
+    assert "step 2 evaluation: start" in interrupted_run["stops"]["SIGTERM"]["out"]
+    _check_stopped(interrupted_run, "SIGTERM", 3)
 
 
 @pytest.mark.slow
-def test_sigkilled_attempt_reads_killed(stopped_run):
-    store, run_id = stopped_run["store"], stopped_run["run_id"]
-    assert stopped_run["stops"]["SIGKILL"]["rc"] == -signal.SIGKILL
-    manifest = store.read_manifest(run_id)
-    assert [a.status for a in manifest.attempts] == ["stopped", "stopped", "killed"]
-    assert manifest.status == "killed" and "ended without a word" in manifest.attempts[2].reason
-    assert manifest.attempts[1].resumed_at_step == 1 and manifest.attempts[2].pid is not None
+def test_sigkilled_attempt_reads_killed(interrupted_run):
+    stop = interrupted_run["stops"]["SIGKILL-rollouts"]
+    assert stop["rc"] == -signal.SIGKILL and stop["at"] is not None
+    manifest = stop["manifest"]
+    assert [a.status for a in manifest.attempts] == ["stopped", "killed"]
+    assert manifest.status == "killed" and "ended without a word" in manifest.attempts[1].reason
+    assert manifest.attempts[1].resumed_at_step == 1 and manifest.attempts[1].pid is not None
     # The stored manifest still says running (the killed process could not write): only a reader decides.
-    assert store.get_json(f"runs/{run_id}/manifest.json")["attempts"][2]["status"] == "running"
+    assert stop["stored_manifest"]["attempts"][1]["status"] == "running"
 
 
 def test_an_attempt_is_killed_only_when_its_owner_is_gone(tmp_path):
@@ -145,6 +82,8 @@ PERMANENT = {
     "unsupported store scheme": (["storage.root=gs://bucket/runs"], "storage.root"),
     "r2e without a path": (["dataset.source=r2e"], "dataset.path"),
     "missing model directory": (["model.path=/nonexistent/checkpoint"], "/nonexistent/checkpoint"),
+    # found by prepare, after the run launched its vLLM server on the base: that server is stopped
+    "a base built for another dataset": (["model.path=models/mini-base"], "models/mini-base"),
 }
 
 
@@ -159,6 +98,11 @@ def test_an_error_a_rerun_cannot_fix_is_one_line_and_exit_2(case, tmp_path):
     assert proc.returncode == 2, out[-3000:]
     assert len(errors) == 1 and names in errors[0], out[-3000:]
     assert "Traceback" not in out and "resume" not in out and "rerun" not in out, out[-3000:]
+    launched = re.search(r"vLLM server launched at http://\S+:(\d+),", proc.stdout)
+    assert bool(launched) == (case == "a base built for another dataset"), out[-3000:]
+    if launched:
+        port = launched[1]
+        assert not subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True, text=True).stdout.split()
 
 
 def test_errors_a_rerun_cannot_fix_are_one_type():

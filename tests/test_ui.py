@@ -15,6 +15,7 @@ from tests.fixtures.smoke_run import REPO, SMOKE_STORE_ROOT
 
 SCREENSHOT_DIR = REPO / ".rlvr" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
+FORM_OVERRIDES = ["max_steps=1", "eval.max_tasks=2"]
 # Runs started from the session's UI (infra/ui.sh's worker -> flows/deployments.py) go to the test store, never
 # the user's .rlvr/store; set at import, before the session-scoped prefect_ui fixture copies the environment.
 os.environ["RLVR_UI_STORE"] = SMOKE_STORE_ROOT
@@ -183,6 +184,7 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
             dep = prefect_ui.deployment("train", "train")
             runs = _submit(page, prefect_ui, dep["id"], run_id)
             assert runs[0]["parameters"]["preset"] == "smoke"
+            assert runs[0]["parameters"]["overrides"] == FORM_OVERRIDES, runs[0]["parameters"]
             run_page = f"{prefect_ui.url}/runs/flow-run/{runs[0]['id']}"
             page.goto(run_page)
             expect(page.get_by_text(runs[0]["name"]).first).to_be_visible()
@@ -218,6 +220,7 @@ def test_browser_runs_smoke_from_the_train_form(prefect_ui):
 
     m = Store(SMOKE_STORE_ROOT).read_manifest(run_id)  # a form run uses the UI's store (RLVR_UI_STORE)
     assert m is not None and m.preset == "smoke" and m.status in ("succeeded", "target_not_reached")
+    assert m.config["max_steps"] == 1 and m.config["eval"]["max_tasks"] == 2  # the form's overrides reached it
     user = REPO / ".rlvr" / "store" / "runs" / run_id
     assert not user.exists(), f"the UI run wrote into the user's store: {user}"
 
@@ -236,6 +239,11 @@ def _fill_form(page, run_id: str) -> None:
     expect(select).to_have_text("smoke")
     field = page.locator(".schema-form-property").filter(has=page.get_by_text("run_id (Optional)"))
     field.locator("textarea, input").first.fill(run_id)
+    # One step, two validation tasks: what the test reads is form -> worker -> run -> artifacts, not training.
+    field = page.locator(".schema-form-property").filter(has=page.get_by_text("overrides (Optional)"))
+    for i, line in enumerate(FORM_OVERRIDES):
+        field.get_by_role("button", name="Add item").click()
+        field.locator("textarea, input").nth(i).fill(line)
 
 
 def _submit(page, prefect_ui, deployment_id: str, run_id: str, tries: int = 3) -> list[dict]:

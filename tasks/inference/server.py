@@ -175,26 +175,39 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None  # of the last process started (also its process group id)
         self.log_path: pathlib.Path | None = None
+        self._auto_port = port is None
 
     @property
     def base_url(self) -> str:
         return f"http://{self.cfg.host}:{self.port}"
 
     def start(self) -> "VLLMServer":
-        """Launch and wait until it serves; on any failure the process group is gone.
-        A port picked here (port=None) that someone else takes first is retried once."""
-        auto_port = self.port is None
-        for attempt in range(2 if auto_port else 1):
-            if auto_port:
-                self.port = free_port(self.cfg.host)
-            try:
-                return self._start()
-            except ServerStartError as e:
-                if not (auto_port and attempt == 0 and "Address already in use" in str(e)):
-                    raise
-        raise AssertionError("unreachable")
+        """Launch and wait until it serves; on any failure the process group is gone."""
+        return self.launch().wait_ready()
 
-    def _start(self) -> "VLLMServer":
+    def launch(self) -> "VLLMServer":
+        """Start the server's process and return at once: `wait_ready` waits for it to serve (a run
+        starts its servers first, then does what it can while they load)."""
+        self._auto_port = self.port is None
+        if self._auto_port:
+            self.port = free_port(self.cfg.host)
+        self._launch()
+        return self
+
+    def wait_ready(self) -> "VLLMServer":
+        """Wait until the launched server serves; on any failure its process group is gone. A port
+        picked by `launch` (port=None) that someone else took first is retried once."""
+        try:
+            self._wait_or_stop()
+        except ServerStartError as e:
+            if not (self._auto_port and "Address already in use" in str(e)):
+                raise
+            self.port = free_port(self.cfg.host)
+            self._launch()
+            self._wait_or_stop()
+        return self
+
+    def _launch(self) -> None:
         from tasks.policy.model import check_model_dir
 
         check_model_dir(self.model_dir)
@@ -218,12 +231,13 @@ class VLLMServer:
             )
         self.pid = self.proc.pid
         _live.add(self)
+
+    def _wait_or_stop(self) -> None:
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.cfg.startup_timeout_s

@@ -341,6 +341,12 @@ class TrainerWorker:
     # -- life cycle
 
     def start(self) -> TrainerWorker:
+        """Launch the worker and wait until it has loaded its model."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> TrainerWorker:
+        """Start the worker's process and return at once: it loads its model while the caller does
+        other work (a run's first rollouts); `wait_ready`, or the first request, waits for it."""
         if self.proc is not None:
             raise RuntimeError("worker already started")
         root = Path(__file__).resolve().parents[2]
@@ -362,12 +368,22 @@ class TrainerWorker:
             self.proc = subprocess.Popen(
                 worker_command(args, self.num_ranks), cwd=root, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
+        self._launched_at = time.monotonic()
         # Killed on garbage collection / interpreter exit if nobody stopped it.
         self._finalizer = weakref.finalize(self, _kill_tree, self.proc, 2.0)
         threading.Thread(target=self._read_stdout, args=(self.proc.stdout, self._lines), daemon=True).start()
         log.info("trainer worker pid %s (%d ranks), log %s", self.proc.pid, self.num_ranks, self.log_path)
+        return self
+
+    def wait_ready(self) -> TrainerWorker:
+        """Wait (start_timeout from the launch) until the worker has loaded its model; a worker that
+        failed to is killed and named."""
+        if self.ready is not None:
+            return self
+        if self.proc is None:
+            raise RuntimeError("worker not launched")
         try:
-            ready = self._receive(self.start_timeout, "start-up")
+            ready = self._receive(self.start_timeout, "start-up", since=self._launched_at)
             if not ready.get("ok"):
                 raise WorkerError(f"trainer worker failed to load {self.model_dir}: {ready.get('error_type')}: "
                                   f"{ready.get('message')}\n{self.log_tail()}")
@@ -384,7 +400,7 @@ class TrainerWorker:
             return None
         reply = None
         try:
-            if self.proc.poll() is None:
+            if self.proc.poll() is None and self.ready is not None:  # still loading: nothing to save
                 reply = self._request({"op": "stop"}, timeout, "stop")
                 self.proc.wait(timeout)
         finally:
@@ -462,6 +478,7 @@ class TrainerWorker:
         raise BadBatchError(f"{kind}: {msg}")
 
     def _request(self, req: dict, timeout: float | None, what: str) -> dict:
+        self.wait_ready()
         with self._lock:
             if self.proc is None or self.proc.poll() is not None:
                 raise WorkerError(f"trainer worker is not running\n{self.log_tail() if self.log_path else ''}")
@@ -478,8 +495,9 @@ class TrainerWorker:
             lines.put(line)
         lines.put(None)
 
-    def _receive(self, timeout: float | None, what: str) -> dict:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _receive(self, timeout: float | None, what: str, since: float | None = None) -> dict:
+        """The next reply, within `timeout` seconds of `since` (default: now)."""
+        deadline = None if timeout is None else (since or time.monotonic()) + timeout
         while True:
             try:
                 line = self._lines.get(timeout=1.0 if deadline is None else max(0.0, deadline - time.monotonic()))
