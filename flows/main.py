@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from flows.process import prefect_defaults, stop_on_signals, stop_signal
+from flows.process import TemporaryAPI, prefect_defaults, stop_on_signals, stop_signal
 
 
 class QuietPermanentErrors(logging.Filter):
@@ -33,29 +33,6 @@ def quiet_permanent_errors() -> None:
 
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).addFilter(QuietPermanentErrors())
-
-
-def start_prefect_api() -> None:
-    """Start Prefect's temporary API server now, with SIGINT and SIGTERM blocked (a blocked signal
-    stays blocked across exec): a Ctrl-C or a SIGTERM to the run's process group must not kill
-    the API the run reports to while the run is stopping, which made a stop wait on retries for
-    a minute or two. Prefect stops it at exit with SIGTERM, which it no longer hears: it is
-    killed instead (its SQLite database is transactional). No-op with PREFECT_API_URL set."""
-    if os.environ.get("PREFECT_API_URL"):
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        from prefect.client.orchestration import get_client
-
-        with get_client(sync_client=True) as client:
-            client.hello()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    from prefect.server.api.server import SubprocessASGIServer
-
-    for server in SubprocessASGIServer._instances.values():
-        if server.server_process is not None:
-            server.server_process.terminate = server.server_process.kill
 
 
 def pass_text(e: dict, target: float | None) -> str:
@@ -141,25 +118,30 @@ def main(argv: list[str] | None = None) -> int:
               "the preset needs)", file=sys.stderr)
         return 2
     stop_on_signals()
-    quiet_permanent_errors()
-    api = "" if os.environ.get("PREFECT_API_URL") else "starting Prefect's API, then "
-    print(f"rlvr-flows: run {run_id} (preset {args.preset}): {api}prepare", flush=True)
     from tasks.supervise import watch
 
     watch(os.getpid())  # ends what this run started if it is killed outright
-    if cfg.dataset.source == "mini":  # prepare's sandbox_image waits for it: debootstrap runs while the API starts
-        from tasks.sandbox import image
+    # What takes longest to start goes first, each in a process of its own: vLLM (flows.runtime.launch_early),
+    # Prefect's API (before Prefect is imported: it reads PREFECT_API_URL once), the sandbox rootfs; then
+    # the flows are imported and prepare runs while they load.
+    from flows.runtime import launch_early
 
-        image.start_rootfs_build()
-    resume = f"rerun with --run-id {run_id} to resume it (make run ARGS=\"--run-id {run_id} ...\")"
-    servers = []
+    servers, resume = [], f"rerun with --run-id {run_id} to resume it (make run ARGS=\"--run-id {run_id} ...\")"
+    temporary_api = not os.environ.get("PREFECT_API_URL")  # else make ui's server (flows/process.py)
+    starting = "starting Prefect's API, then " if temporary_api else ""
+    print(f"rlvr-flows: run {run_id} (preset {args.preset}): {starting}prepare", flush=True)
     try:
-        from flows.runtime import launch_early
+        servers = launch_early(cfg, run_id)
+        api = TemporaryAPI().start() if temporary_api else None
+        quiet_permanent_errors()
+        if cfg.dataset.source == "mini":  # prepare's sandbox_image waits for it
+            from tasks.sandbox import image
 
-        servers = launch_early(cfg, run_id)  # vLLM loads while Prefect's API starts and prepare runs
-        start_prefect_api()
+            image.start_rootfs_build()
         from flows.train import train
 
+        if api is not None:
+            api.wait_ready()
         summary = train(preset=args.preset, overrides=parse_overrides(args.overrides), run_id=run_id,
                         servers=servers)
     except PermanentError as e:  # a rerun meets it again: no traceback, no resume hint

@@ -6,9 +6,15 @@ answer at once.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 
 PREFECT_HOME = ".rlvr/prefect"  # one history: `make run` writes it, `make ui` serves it
@@ -86,3 +92,66 @@ def stop_signal(exc: BaseException) -> str | None:
     if isinstance(exc, TerminationSignal):
         return signal.Signals(exc.signal).name
     return None
+
+
+class TemporaryAPI:
+    """Prefect's temporary API server, started by the run at once instead of by Prefect at the run's first
+    API call: the app Prefect's ephemeral mode serves (prefect.server.api.server:create_app under uvicorn,
+    UI off, ephemeral services), on 127.0.0.1, its database in PREFECT_HOME. It loads while vLLM does and
+    the run imports its flows, and the run's process never imports Prefect's server (4 s) to manage it.
+    Its own session: a terminal's Ctrl-C or a SIGTERM to the run's group does not stop the API the run
+    reports its stop to. Stopped when the run's process exits (its SQLite database is transactional);
+    the run's watchdog (tasks/supervise.py) ends it if the run is killed outright.
+
+        api = TemporaryAPI().start()   # sets PREFECT_API_URL: call before Prefect is imported
+        ...
+        api.wait_ready()               # before the first flow runs
+    """
+
+    def __init__(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.log_path = os.path.join(os.environ.get("PREFECT_HOME", PREFECT_HOME), "temporary-api.log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "TemporaryAPI":
+        env = dict(os.environ, PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
+        cmd = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+               "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        atexit.register(self.stop)
+        os.environ["PREFECT_API_URL"] = self.url
+        return self
+
+    def wait_ready(self) -> None:
+        timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Prefect's temporary API server exited with {self.proc.returncode} while starting; "
+                                   f"see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Prefect's temporary API server did not answer within {timeout:.0f} s; "
+                                   f"see {self.log_path}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -146,9 +146,8 @@ def parts(rounds: int) -> dict:
     base = os.path.join(REPO, "models", "mini-base")
     out: dict[str, list] = {}
     work = tempfile.mkdtemp(prefix="rlvr-bench-startup-")
-    api = ("import time, os; from flows.process import prefect_defaults; prefect_defaults(); "
-           "from flows.main import start_prefect_api; t = time.monotonic(); start_prefect_api(); "
-           "print(time.monotonic() - t)")
+    api = ("import time, os; from flows.process import TemporaryAPI, prefect_defaults; prefect_defaults(); "
+           "t = time.monotonic(); TemporaryAPI().start().wait_ready(); print(time.monotonic() - t)")
     warm_home = os.path.join(work, "prefect-warm")
     subprocess.run([PY, "-c", api], cwd=REPO, env={**os.environ, "PREFECT_HOME": warm_home}, check=True,
                    capture_output=True)
