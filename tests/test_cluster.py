@@ -11,6 +11,7 @@ reader of the cluster and of the second server).
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -46,10 +47,17 @@ def test_managed_mode_starts_num_servers_and_the_client_spreads_over_them(monkey
     class FakeServer:
         def __init__(self, model_dir, cfg, log_dir=None):
             self.base_url, self.log_path = f"http://127.0.0.1:{9000 + len(started)}", "log"
+            self.model_dir = pathlib.Path(model_dir).resolve()
 
-        def start(self):
+        def launch(self):
             started.append(self)
             return self
+
+        def wait_ready(self):
+            return self
+
+        def start(self):
+            return self.launch().wait_ready()
 
         def stop(self, timeout=30.0):
             stopped.append(self)
