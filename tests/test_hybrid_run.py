@@ -41,7 +41,7 @@ def test_hybrid_is_served_and_trained_in_bf16(hybrid_run):
     kinds = set(config["layer_types"])
     assert kinds == {"linear_attention", "full_attention"} and config["shared_expert_intermediate_size"] > 0
     assert config["num_experts_per_tok"] > 1, config
-    vllm_log = re.search(r"vLLM serving policy v0 at \S+ \(started in \d+ s, logs (\S+)\)", out)
+    vllm_log = re.search(r"vLLM serving policy v0 at \S+ \(ready \d+ s after this run asked, logs (\S+)\)", out)
     assert vllm_log, out[-4000:]
     log = open(vllm_log[1]).read()
     assert "dtype=torch.bfloat16" in log and "GDN" in log, log[-3000:]
