@@ -46,8 +46,10 @@ MARKERS = [
 
 def one_run(code: str, run_id: str, store: str, timeout: float = 1800) -> dict:
     """One `make run` in `code` until its first rollout: seconds from the command to each marker."""
+    # One store, Prefect home, work dir and vLLM environment for both revisions (a worktree has no venvs).
     env = dict(os.environ, PYTHONUNBUFFERED="1", PREFECT_HOME=os.path.join(REPO, ".rlvr", "prefect"),
-               RLVR_WORK=os.path.join(REPO, ".rlvr", "work"))
+               RLVR_WORK=os.path.join(REPO, ".rlvr", "work"),
+               RLVR_VLLM_PYTHON=os.path.join(REPO, ".venv-vllm", "bin", "python"))
     env.pop("PREFECT_API_URL", None)
     t0 = time.monotonic()
     proc = subprocess.Popen([PY, "-m", "flows.main", "--preset", "mini", "--run-id", run_id, f"storage.root={store}"],
