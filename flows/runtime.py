@@ -46,23 +46,28 @@ def _run_logger():
 
 class Progress:
     """Counts for a long stage: "<what>: 120/951 tasks, 1.2 min, about 3.4 min left" (the time left
-    once a tenth is done, at the rate since the first finished), logged at each quarter, at least every `every_s` seconds, and at the end. Thread-safe: graders call it from
-    their pool."""
+    once a tenth is done, at the rate since the first finished), logged at each quarter, at least
+    every `every_s` seconds, and at the end. Thread-safe: graders call it from their pool.
+    `resumed(n)` counts n items an earlier attempt finished (done, but not in this attempt's rate)."""
 
     def __init__(self, what: str, total: int, unit: str = "", every_s: float = 15.0, clock=time.monotonic):
         self.what, self.total, self.unit, self.every_s, self.clock = what, total, unit, every_s, clock
-        self.done, self.t0, self.last, self.t_first = 0, clock(), clock(), None
+        self.start, self.done, self.t0, self.last, self.t_first = 0, 0, clock(), clock(), None
         self.lock = threading.Lock()
         try:
             self.logger = _run_logger()
         except Exception:
             self.logger = None
 
+    def resumed(self, n: int):
+        with self.lock:
+            self.start = self.done = n
+
     def __call__(self, *_):
         with self.lock:
             self.done += 1
-            now, done = self.clock(), self.done
-            self.t_first = now if done == 1 else self.t_first
+            now, done, new = self.clock(), self.done, self.done - self.start
+            self.t_first = now if new == 1 else self.t_first
             quarter = done % max(1, self.total // 4) == 0
             if done < self.total and not quarter and now - self.last < self.every_s:
                 return
@@ -70,8 +75,8 @@ class Progress:
         took = now - self.t0
         eta = ""
         if done < self.total:  # items run many at once: the rate counts from the first one's end
-            rate = (done - 1) / (now - self.t_first) if now > self.t_first else 0.0
-            eta = (f", about {_minutes((self.total - done) / rate)} left" if done >= max(2, self.total // 10) and rate
+            rate = (new - 1) / (now - self.t_first) if now > self.t_first else 0.0
+            eta = (f", about {_minutes((self.total - done) / rate)} left" if new >= max(2, self.total // 10) and rate
                    else ", estimating the time left")
         log(f"{self.what}: {done}/{self.total}{' ' + self.unit if self.unit else ''}, {_minutes(took)}{eta}",
             self.logger)

@@ -57,11 +57,18 @@ async def collect_rollouts(ctx: RunContext, step: int, instance_ids: list[str], 
     else:
         episodes = served_episodes(ctx.client, spec, ctx.tokenizer, ctx.cfg, ctx.store)
     where = f" on the Ray cluster at {ctx.cfg.cluster.address}" if ctx.cfg.cluster.address else ""
-    log(f"step {step} {stage}: start ({total} episodes, policy v{ctx.client.version}{where})")
+    progress = Progress(f"step {step} {stage}", total, "episodes", every_s=30)
+
+    def start(committed: int):
+        progress.resumed(committed)
+        log(f"step {step} {stage}: start ({total} episodes"
+            + (f", {committed} committed by an earlier attempt" if committed else "")
+            + f", policy v{ctx.client.version}{where})")
+
     return await collect([ctx.tasks[i] for i in instance_ids], spec, episodes, a.concurrency,
                          partial=PartialTable(ctx.store, stage_key(ctx.run_id, step, f"{stage}_partial"),
                                               a.partial_flush_s),
-                         on_episode=Progress(f"step {step} {stage}", total, "episodes", every_s=30))
+                         on_start=start, on_episode=progress)
 
 
 @task(name="grading", cache_policy=NONE)

@@ -247,12 +247,13 @@ def adversary_episodes(policy, make_adversary, spec: RolloutSpec, tokenizer, cfg
 
 
 async def collect(tasks: list[dict], spec: RolloutSpec, episodes: Episodes, concurrency: int, *,
-                  partial: PartialTable | None = None, on_episode=None) -> pa.Table:
+                  partial: PartialTable | None = None, on_start=None, on_episode=None) -> pa.Table:
     """Run `spec.samples_per_task` episodes of every task, `concurrency` at once, each through
     `episodes`; return the trajectories table.
 
     With `partial`, finished episodes are committed there as they finish, and those it already
-    holds are not run again. `on_episode(row)` is called with each finished row.
+    holds are not run again. `on_start(committed)` is called once with the number of episodes an
+    earlier attempt committed, before any runs; `on_episode(row)` with each finished row.
     """
     store, key, every_s = (partial.store, partial.key, partial.flush_every_s) if partial else (None, None, 0.0)
     done = read_partial(store, key) if partial else {}
@@ -260,6 +261,8 @@ async def collect(tasks: list[dict], spec: RolloutSpec, episodes: Episodes, conc
     work = [(t, i) for t in tasks for i in range(spec.samples_per_task)
             if rollout_id(spec.run_id, spec.step, t["instance_id"], i) not in done]
     sem = asyncio.Semaphore(concurrency)
+    if on_start is not None:
+        on_start(len(done))
 
     async def one(task: dict, sample: int):
         async with sem:

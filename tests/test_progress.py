@@ -26,3 +26,17 @@ def test_time_left_counts_the_rate_after_the_first_items_finish(capsys):
         progress()
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "10/100 tasks" in line and "about 1.5 min left" in line, line  # 90 s
+
+
+def test_a_resumed_stage_counts_what_an_earlier_attempt_finished(capsys):
+    # 60 of 100 done before a stop: the resumed attempt's lines count from 60, and its rate is its own
+    # (one a second from its first item), not 61 items over this attempt's seconds.
+    now = [0.0]
+    progress = Progress("step 1 trajectories", 100, unit="episodes", every_s=0.0, clock=lambda: now[0])
+    progress.resumed(60)
+    for i in range(11):
+        now[0] = 5.0 + i
+        progress()
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "61/100 episodes" in lines[0] and "estimating the time left" in lines[0]
+    assert "71/100 episodes" in lines[-1] and "about 29 s left" in lines[-1], lines[-1]
