@@ -25,9 +25,10 @@ base: setup
 check: venv
 	$(PY) -m flows.check $(ARGS)
 
-# The suite's 15 slowest tests are printed at its end (.ci/run adds the total, set-up included).
+# The suite on two workers (tests/fixtures/xdist_groups.py says which tests share one); its 15 slowest
+# tests are printed at its end (.ci/run adds the total, set-up included).
 test: setup
-	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 setup: venv vllm-venv system
 
