@@ -28,7 +28,7 @@ check: venv
 # The suite on two workers (tests/fixtures/xdist_groups.py says which tests share one); its 15 slowest
 # tests are printed at its end (.ci/run adds the total, set-up included).
 test: setup
-	$(PY) -m pytest -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --durations=15 $(PYTEST_ARGS)
 
 setup: venv vllm-venv system
 
