@@ -29,15 +29,19 @@ pytest_plugins = sorted(
 
 
 # Session fixtures that hold servers or clusters (memory, and CPU the tests after them need): each is
-# torn down right after the last collected test that uses it, not at the session's end.
+# torn down right after the last collected test that uses it, not at the session's end. Under xdist a
+# worker runs whole work units (tests/fixtures/xdist_groups.py): the last reader in each unit.
 RELEASED_AFTER_LAST_READER = ("prefect_ui", "ray_cluster", "vllm_server", "smoke_server")
 _RELEASE = pytest.StashKey[list]()
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: the tests that will really run
 def pytest_collection_modifyitems(config, items):
-    last = {name: item for item in items for name in RELEASED_AFTER_LAST_READER if name in item.fixturenames}
-    for name, item in last.items():
+    from tests.fixtures.xdist_groups import under_xdist, work_unit
+
+    last = {(name, work_unit(item.nodeid) if under_xdist() else ""): item
+            for item in items for name in RELEASED_AFTER_LAST_READER if name in item.fixturenames}
+    for (name, _), item in last.items():
         item.stash.setdefault(_RELEASE, []).append(name)
     if torch.cuda.is_available():
         return
