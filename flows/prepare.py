@@ -159,10 +159,20 @@ def base_model(cfg: RunConfig, store: Store, tasks_key: str) -> str:
     return key
 
 
-def demonstrations_key(tasks_key: str, model_key: str, prompt_style: str, demos: Demonstrations) -> str:
-    """Demonstrations of the init model_key's tokenizer and prompt style with `demos`' own settings."""
+def tokenizer_digest(model_dir: pathlib.Path) -> str:
+    """The tokenizer's identity, its files' bytes: bases of two architectures trained on one corpus share
+    it, and with it their demonstrations (token ids and chat markup, nothing of the model's)."""
+    files = sorted(p for p in model_dir.iterdir()
+                   if p.name.startswith(("tokenizer", "chat_template", "special_tokens_map")))
+    if not any(p.name == "tokenizer.json" for p in files):
+        raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
+    return _digest(*((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in files))
+
+
+def demonstrations_key(tasks_key: str, tokenizer: str, prompt_style: str, demos: Demonstrations) -> str:
+    """Demonstrations of the tokenizer (tokenizer_digest) and prompt style with `demos`' own settings."""
     return (f"{tasks_key.rsplit('/', 1)[0]}/demonstrations-"
-            f"{_digest(STORE_VERSION, model_key, prompt_style, demos.model_dump())}.parquet")
+            f"{_digest(STORE_VERSION, tokenizer, prompt_style, demos.model_dump())}.parquet")
 
 
 @task(name="demonstrations", cache_policy=NONE)
@@ -170,12 +180,12 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str,
     """Scripted-solver trajectories on the train split (and the warm-start pool), through the real
     loop, tools and sandboxes."""
 
-    from transformers import AutoTokenizer
-
     from tasks.agent.scripted import ScriptedSolver
+    from tasks.policy.tokenizer import load_tokenizer
     from tasks.rollout import RolloutSpec, collect, scripted_episodes
 
-    key = demonstrations_key(tasks_key, model_key, cfg.agent.prompt_style, demos)
+    model_dir = _local_model(cfg, store, model_key)
+    key = demonstrations_key(tasks_key, tokenizer_digest(model_dir), cfg.agent.prompt_style, demos)
     if store.is_committed(key):
         return key
     t0 = time.monotonic()
@@ -186,7 +196,7 @@ def demonstrations(cfg: RunConfig, store: Store, tasks_key: str, model_key: str,
     if pool:
         log(f"prepare: warm-start pool of {len(pool)} generated tasks at {store.uri(pool_key)} "
             f"({time.monotonic() - t0:.0f} s)")
-    tokenizer = AutoTokenizer.from_pretrained(_local_model(cfg, store, model_key))
+    tokenizer = load_tokenizer(model_dir)
 
     def solver(task, sample, sandbox):
         rng = random.Random(f"{demos.seed}:{task['instance_id']}:{sample}")

@@ -153,9 +153,9 @@ class RunContext:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.policy_dir, self.policy_version = model_dir, version
         if self.tokenizer is None:
-            from transformers import AutoTokenizer
+            from tasks.policy.tokenizer import load_tokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            self.tokenizer = load_tokenizer(model_dir)
         if self.cfg.inference.mode == "external":
             urls = list(self.cfg.inference.base_urls)
         else:

@@ -195,7 +195,7 @@ def test_warm_start_chain_restart_cycles_then_the_habit_phase(smoke_prepared):
     # max_steps / cosine_cycles steps) -> habit phase on pool demonstrations that edit unread code.
     import sys
 
-    from flows.prepare import demonstrations_key, warm_start_chain
+    from flows.prepare import _local_model, demonstrations_key, tokenizer_digest, warm_start_chain
     from flows.runtime import load_tasks
     from tasks.storage import Store
 
@@ -217,7 +217,8 @@ def test_warm_start_chain_restart_cycles_then_the_habit_phase(smoke_prepared):
     assert (habit["stage"], cycle["stage"], plain["stage"]) == ("habit phase", "restart cycle 1/1", "warm start")
     assert plain["from"] == smoke_prepared["model"] and plain["sft"]["max_steps"] == 8
     assert cycle["demonstrations"] == plain["demonstrations"] == demonstrations_key(
-        smoke_prepared["tasks"], smoke_prepared["model"], cfg.agent.prompt_style, chain[0].demonstrations)
+        smoke_prepared["tasks"], tokenizer_digest(_local_model(cfg, store, smoke_prepared["model"])),
+        cfg.agent.prompt_style, chain[0].demonstrations)
     assert (cycle["sft"]["max_steps"], cycle["sft"]["cosine_cycles"], cycle["metrics"]["steps"]) == (4, 1, 4)
     assert (habit["sft"]["lr"], habit["metrics"]["steps"]) == (2e-4, 3)
     # The habit phase's demonstrations: pool tasks only, every one an edit straight away.

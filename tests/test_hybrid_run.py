@@ -32,10 +32,13 @@ def hybrid_run(smoke_prepared, tmp_path_factory):
     return {"run_id": run_id, "store": Store(overrides["storage"]["root"]), "out": out}
 
 
-def test_hybrid_is_served_and_trained_in_bf16(hybrid_run):
+def test_hybrid_is_served_and_trained_in_bf16(hybrid_run, smoke_prepared):
     store, run_id, out = hybrid_run["store"], hybrid_run["run_id"], hybrid_run["out"]
     manifest = store.read_manifest(run_id)
     assert manifest.status in ("succeeded", "target_not_reached"), manifest.status
+    # Its own base (another architecture), warm-started on the smoke base's demonstrations: one tokenizer.
+    assert manifest.prepared["base_model"] != smoke_prepared["base_model"]
+    assert manifest.prepared["demonstrations"] == smoke_prepared["demonstrations"], manifest.prepared
     config = json.loads(store.get_bytes(manifest.prepared["base_model"] + "/config.json"))
     assert config["model_type"].startswith("qwen3_5"), config["model_type"]
     kinds = set(config["layer_types"])

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from tasks.policy import tokenizer as T
+from tests.fixtures.smoke import REPO
 
 TOOLS = [
     {"type": "function", "function": {
@@ -141,6 +142,29 @@ def test_save_load_keeps_template_and_ids(tok, tmp_path):
     assert T.render(again, CONVERSATION, TOOLS) == text
     assert T.encode(again, text) == T.encode(tok, text)
     assert T.special_token_ids(again) == T.special_token_ids(tok)
+
+
+def test_load_tokenizer_is_autotokenizers_without_its_imports(tok, tmp_path):
+    """The run's loader gives what AutoTokenizer gives for our checkpoints, in a process that then has
+    neither torch nor sympy (AutoTokenizer imports both); another class goes through AutoTokenizer."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    tok.save_pretrained(tmp_path)
+    ours, auto = T.load_tokenizer(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    assert type(ours) is type(auto)
+    text = T.render(auto, CONVERSATION, TOOLS)
+    assert T.render(ours, CONVERSATION, TOOLS) == text and T.encode(ours, text) == T.encode(auto, text)
+    assert T.special_token_ids(ours) == T.special_token_ids(auto)
+    code = ("import sys; from tasks.policy.tokenizer import load_tokenizer; "
+            f"load_tokenizer({str(tmp_path)!r}); print(sorted({{'torch', 'sympy'}} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"}))
+    assert type(T.load_tokenizer(tmp_path)).__name__ == "Qwen2Tokenizer"  # AutoTokenizer's choice
 
 
 def test_observation_segment_needs_results(tok):

@@ -158,6 +158,23 @@ def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
     return hf
 
 
+# Classes that are the tokenizer.json itself: loading one needs no model configuration.
+_PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(model_dir: str | pathlib.Path) -> PreTrainedTokenizerFast:
+    """A checkpoint's tokenizer, as AutoTokenizer loads it. For a plain tokenizer.json (ours) without
+    AutoTokenizer's import of every model configuration (torch, dynamo, sympy: ~7 s of CPU in each run's
+    process); any other class, or remote code, goes through AutoTokenizer."""
+    config = pathlib.Path(model_dir) / "tokenizer_config.json"
+    settings = json.loads(config.read_text()) if config.is_file() else {}
+    if settings.get("tokenizer_class") in _PLAIN_CLASSES and "auto_map" not in settings:
+        return PreTrainedTokenizerFast.from_pretrained(model_dir)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 def special_token_ids(tokenizer) -> dict[str, int]:
     """Ids of the control and tool tokens; raises if one is not a single id."""
     ids = {}
