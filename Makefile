@@ -25,10 +25,10 @@ base: setup
 check: venv
 	$(PY) -m flows.check $(ARGS)
 
-# The suite on three workers (tests/fixtures/xdist_groups.py says which tests share one); its 15 slowest
+# The suite on two workers (tests/fixtures/xdist_groups.py says which tests share one); its 15 slowest
 # tests are printed at its end (.ci/run adds the total, set-up included).
 test: setup
-	$(PY) -m pytest -n 3 --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --durations=15 $(PYTEST_ARGS)
 
 setup: venv vllm-venv system
 

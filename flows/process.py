@@ -108,23 +108,27 @@ class TemporaryAPI:
         api.wait_ready()               # before the first flow runs
     """
 
-    def __init__(self):
+    def __init__(self, home: str | os.PathLike | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/api"
-        self.log_path = os.path.join(os.environ.get("PREFECT_HOME", PREFECT_HOME), "temporary-api.log")
+        self.home = str(home or os.environ.get("PREFECT_HOME", PREFECT_HOME))  # its database's directory
+        self.log_path = os.path.join(self.home, "temporary-api.log")
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "TemporaryAPI":
-        env = dict(os.environ, PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
+    def start(self, export: bool = True) -> "TemporaryAPI":
+        """export: this process's flows report to it (PREFECT_API_URL)."""
+        env = dict(os.environ, PREFECT_HOME=self.home, PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1",
+                   PREFECT__SERVER_FINAL="1")
         cmd = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         atexit.register(self.stop)
-        os.environ["PREFECT_API_URL"] = self.url
+        if export:
+            os.environ["PREFECT_API_URL"] = self.url
         return self
 
     def wait_ready(self) -> None:

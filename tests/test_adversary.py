@@ -190,7 +190,8 @@ def test_library_against_tools_sandbox_and_grader(sandbox_backend, r2e_tasks, sa
 # The default backend through the flow; docker meets the adversary in the library test above and in
 # `make chaos` (both backends through the flow; a second flow run here cost make test two minutes).
 @pytest.mark.parametrize("backend", ["bwrap"])
-def test_adversarial_smoke_run_through_the_flow(backend, request, smoke_prepared, smoke_server, tmp_path, canaries):
+def test_adversarial_smoke_run_through_the_flow(backend, request, smoke_prepared, smoke_server, session_api, tmp_path,
+                                                canaries):
     """A GRPO step of the real flow (rollouts, grading, advantages, update, checkpoint, evaluation),
     three in four training episodes adversarial; make chaos runs many."""
     from schemas.presets import load_config
@@ -210,7 +211,7 @@ def test_adversarial_smoke_run_through_the_flow(backend, request, smoke_prepared
     log = tmp_path / "run.log"
     with open(log, "w") as f:
         proc = subprocess.Popen(main_command(run_id, overrides), cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                env=flow_env(tmp_path / "prefect"))
+                                env=flow_env(tmp_path / "prefect", session_api))
         try:
             proc.wait(timeout=1800)
         finally:

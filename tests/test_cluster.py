@@ -127,12 +127,12 @@ def _wait_for(log, marker: str, proc, timeout: float = 900) -> None:
         time.sleep(0.5)
 
 
-def _run(run_id: str, overrides: dict, tmp_path, during=None) -> str:
-    """The smoke preset through flows.main; `during(log, proc)` runs while it does (the fault)."""
+def _run(run_id: str, overrides: dict, tmp_path, api, during=None) -> str:
+    """The smoke preset through flows.main, reporting to `api`; `during(log, proc)` runs while it does (the fault)."""
     log = tmp_path / f"{run_id}.log"
     with open(log, "w") as f:
         proc = subprocess.Popen(main_command(run_id, overrides), cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                env=flow_env(tmp_path / f"prefect-{run_id}"))
+                                env=flow_env(tmp_path / f"prefect-{run_id}", api))
         try:
             if during is not None:
                 during(log, proc)
@@ -185,7 +185,7 @@ def _overrides(ray_cluster, servers, **extra) -> dict:
 
 @pytest.mark.slow
 def test_smoke_run_on_two_nodes_and_two_servers_survives_a_server_and_a_node_lost(
-        ray_cluster, smoke_server, second_server, tmp_path):
+        ray_cluster, smoke_server, second_server, session_api, tmp_path):
     """Both faults in one run: the second server killed mid step 1, the worker node killed mid step 2's
     rollouts (while one of its episodes runs)."""
     import re
@@ -207,7 +207,7 @@ def test_smoke_run_on_two_nodes_and_two_servers_survives_a_server_and_a_node_los
             time.sleep(0.02)
         ray_cluster.kill_worker()
 
-    log = _run(run_id, overrides, tmp_path, during=kill_a_server_then_a_node)
+    log = _run(run_id, overrides, tmp_path, session_api, during=kill_a_server_then_a_node)
     assert f"on the Ray cluster at {ray_cluster.address}" in log
     cfg, store, steps = _tables(run_id, overrides)
     assert cfg.max_steps == 2

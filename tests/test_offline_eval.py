@@ -216,7 +216,7 @@ def _offline(server_url, **extra):
 
 
 @pytest.mark.slow
-def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smoke_server, tmp_path):
+def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smoke_server, session_api, tmp_path):
     from tasks.mlperf import read_log_times
     from tasks.storage import Store
 
@@ -225,7 +225,7 @@ def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smok
     # A budget well past what the evaluator needs to start its server and pass checkpoint 1 on a loaded machine.
     overrides = _offline(smoke_server.base_url, **{"eval.target": -1.0, "eval.offline_order": "concurrent",
                                                    "max_steps": 30})
-    proc = _run(run_id, overrides, flow_env(tmp_path))
+    proc = _run(run_id, overrides, flow_env(tmp_path, session_api))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "offline evaluator started" in proc.stdout and "checkpoint 1 passed" in proc.stdout
     # Its server was launched on the base at once and is the one that evaluated checkpoint 1.
@@ -250,12 +250,13 @@ def test_evaluator_beside_training_stops_it_at_the_first_passing_checkpoint(smok
 
 
 @pytest.mark.slow
-def test_sigkill_during_offline_evaluation_resumes_without_redoing_or_moving_the_clock(smoke_server, tmp_path):
+def test_sigkill_during_offline_evaluation_resumes_without_redoing_or_moving_the_clock(smoke_server, session_api,
+                                                                                       tmp_path):
     from tasks.storage import Store
 
     run_id = f"test-offline-kill-{int(time.time())}"
     overrides = _offline(smoke_server.base_url, **{"eval.target": 1.0})  # nothing passes: every checkpoint is evaluated
-    env, cmd = flow_env(tmp_path), main_command(run_id, overrides)
+    env, cmd = flow_env(tmp_path, session_api), main_command(run_id, overrides)
     store = Store(overrides["storage"]["root"])
     _kill_at(cmd, env, "step 2 evaluation: start")
     first = store.get_bytes(f"runs/{run_id}/step-00001/eval_summary.parquet.commit")
