@@ -15,6 +15,14 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.pop("PREFECT_API_URL", None)
 os.environ["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"  # as flows.process sets it for a run
 
+# Under `make test`'s two workers on two cores, every process gets one thread per math library (torch's
+# OpenMP, OpenBLAS, MKL), before torch is imported: with two threads each, their OpenMP threads spin at
+# every barrier while the other worker holds a core (two contending torch processes made 2.6x less
+# progress than with one thread each; docs/history.md). Set the variable to override.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
 # tests/data holds R2E-format task repos whose own hidden tests run inside sandboxes, not here.
 collect_ignore = ["data"]
 
