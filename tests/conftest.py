@@ -15,13 +15,11 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.pop("PREFECT_API_URL", None)
 os.environ["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"  # as flows.process sets it for a run
 
-from tests.fixtures.xdist_groups import under_xdist, work_unit  # noqa: E402
-
 # Under `make test`'s two workers on two cores, every process gets one thread per math library (torch's
 # OpenMP, OpenBLAS, MKL), before torch is imported: with two threads each, their OpenMP threads spin at
 # every barrier while the other worker holds a core (`make bench-threads`, docs/history.md). Set the
 # variable to override.
-if under_xdist():
+if "PYTEST_XDIST_WORKER" in os.environ:  # tests/fixtures/xdist_groups.py's under_xdist (not imported yet)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
 
@@ -47,6 +45,8 @@ _RELEASE = pytest.StashKey[list]()
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: the tests that will really run
 def pytest_collection_modifyitems(config, items):
+    from tests.fixtures.xdist_groups import under_xdist, work_unit
+
     last = {(name, work_unit(item.nodeid) if under_xdist() else ""): item
             for item in items for name in RELEASED_AFTER_LAST_READER if name in item.fixturenames}
     for (name, _), item in last.items():
